@@ -1,0 +1,3 @@
+"""ddtree-ops: deploy, gate, diagnose and roll back SGLang speculative-decoding services."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,96 @@
+"""The `ddtree-ops` command: a thin layer over the library.
+
+Each command module exposes `register(app)`; a command parses its options, calls the library,
+renders the result and returns an exit code. Only typer and the standard library are imported
+at module level here and in every command module, so `--help` answers at once; paramiko,
+pydantic, torch and sglang are imported inside the commands that use them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from ddtree_ops import __version__
+from ddtree_ops.cli import (
+    deploy,
+    diagnose,
+    engine,
+    history,
+    lab,
+    lock,
+    preflight,
+    profile,
+    render,
+    rollback,
+    schedule,
+    smoke,
+)
+from ddtree_ops.status import INTERRUPTED, USAGE
+
+app = typer.Typer(
+    name="ddtree-ops",
+    help=(
+        "Deploy SGLang speculative-decoding services (NEXTN, DFLASH, DDTree shadow-linear) as "
+        "systemd units, gate them on real readiness, name the root cause when they fail, and "
+        "roll back to the NEXTN known-good release."
+    ),
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"ddtree-ops {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
+) -> None:
+    """Global options."""
+
+
+for _module in (deploy, rollback, diagnose, smoke, render, profile, preflight, history, lock,
+                schedule, lab, engine):
+    _module.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: maps usage errors to 64 and expected failures to their exit codes."""
+    from typer._click.exceptions import ClickException, UsageError
+
+    from ddtree_ops.errors import OpsError
+
+    command = typer.main.get_command(app)
+    try:
+        rc = command.main(args=argv if argv is not None else sys.argv[1:],
+                          prog_name="ddtree-ops", standalone_mode=False)
+    except UsageError as exc:
+        exc.show()
+        sys.exit(USAGE)
+    except ClickException as exc:
+        exc.show()
+        sys.exit(USAGE)
+    except OpsError as exc:
+        from ddtree_ops import output
+
+        output.fail(str(exc))
+        if exc.hint:
+            output.say(f"  hint: {exc.hint}")
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        sys.exit(INTERRUPTED)
+    except typer.Exit as exc:  # raised inside callbacks when standalone_mode is off
+        sys.exit(exc.exit_code)
+    if os.environ.get("DDTREE_OPS_DEBUG_RC"):
+        sys.stderr.write(f"rc={rc}\n")
+    sys.exit(rc if isinstance(rc, int) else 0)

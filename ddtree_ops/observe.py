@@ -1,0 +1,138 @@
+"""Pure parsers from what a host printed to what the tool decides on, plus thin readers.
+
+The readers run one argv from `remote` through a Host and hand the text to a parser; the
+parsers are tested on captured output, the readers against the lab.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+from typing import Iterable
+
+from ddtree_ops import remote
+from ddtree_ops.host import Host
+
+
+@dataclass(frozen=True)
+class UnitState:
+    active: str = "unknown"  # ActiveState
+    sub: str = "unknown"  # SubState
+    result: str = "unknown"
+    main_status: int = 0  # ExecMainStatus
+    main_pid: int = 0
+    restarts: int = 0  # NRestarts
+    invocation: str = ""
+    load: str = "unknown"
+    file_state: str = ""
+    fragment: str = ""
+    drop_ins: tuple[str, ...] = ()
+
+    @property
+    def exists(self) -> bool:
+        return self.load not in ("not-found", "unknown")
+
+    @property
+    def failed(self) -> bool:
+        return self.active == "failed" or self.sub in ("auto-restart", "failed") or (
+            self.result not in ("success", "unknown", ""))
+
+    @property
+    def running(self) -> bool:
+        return self.active == "active" and self.sub == "running"
+
+    def describe(self) -> str:
+        extra = f", result={self.result}" if self.result not in ("success", "") else ""
+        return f"{self.active}/{self.sub}{extra}, pid={self.main_pid}, restarts={self.restarts}"
+
+
+def parse_systemctl_show(text: str) -> UnitState:
+    kv = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            kv[key] = value
+
+    def num(key: str) -> int:
+        try:
+            return int(kv.get(key, "0") or 0)
+        except ValueError:
+            return 0
+
+    return UnitState(
+        active=kv.get("ActiveState", "unknown"), sub=kv.get("SubState", "unknown"),
+        result=kv.get("Result", "unknown"), main_status=num("ExecMainStatus"), main_pid=num("MainPID"),
+        restarts=num("NRestarts"), invocation=kv.get("InvocationID", ""), load=kv.get("LoadState", "unknown"),
+        file_state=kv.get("UnitFileState", ""), fragment=kv.get("FragmentPath", ""),
+        drop_ins=tuple(kv.get("DropInPaths", "").split()),
+    )
+
+
+@dataclass(frozen=True)
+class JournalLine:
+    message: str
+    cursor: str = ""
+    invocation: str = ""
+    realtime_us: int = 0
+    pid: int = 0
+
+
+def _message(value: object) -> str:
+    # journald exports non-UTF-8 messages as a list of byte values
+    if isinstance(value, list):
+        return bytes(v & 0xFF for v in value if isinstance(v, int)).decode("utf-8", "replace")
+    if value is None:
+        return ""
+    return str(value)
+
+
+def parse_journal_json(text: str) -> list[JournalLine]:
+    out: list[JournalLine] = []
+    for raw in text.splitlines():
+        raw = raw.strip()
+        if not raw.startswith("{"):
+            continue
+        try:
+            entry = json.loads(raw)
+        except json.JSONDecodeError:
+            continue
+        msg = _message(entry.get("MESSAGE"))
+        for part in msg.splitlines() or [""]:
+            out.append(JournalLine(
+                message=part, cursor=str(entry.get("__CURSOR", "")),
+                invocation=str(entry.get("_SYSTEMD_INVOCATION_ID", "") or entry.get("INVOCATION_ID", "")),
+                realtime_us=int(entry.get("__REALTIME_TIMESTAMP", 0) or 0), pid=int(entry.get("_PID", 0) or 0)))
+    return out
+
+
+def parse_cursor(text: str) -> str | None:
+    for line in text.splitlines():
+        if line.startswith("-- cursor: "):
+            return line.removeprefix("-- cursor: ").strip()
+    return None
+
+
+# ------------------------------------------------------------------ readers
+
+
+def unit_state(host: Host, unit: str) -> UnitState:
+    res = host.run(remote.systemctl_show(unit), timeout=20)
+    return parse_systemctl_show(res.stdout)
+
+
+def journal_cursor(host: Host, unit: str) -> str | None:
+    return parse_cursor(host.run(remote.journal_cursor(unit), timeout=20).stdout)
+
+
+def journal_since(host: Host, unit: str, cursor: str | None) -> list[JournalLine]:
+    return parse_journal_json(host.run(remote.journal_after(unit, cursor), timeout=30).stdout)
+
+
+def only_invocation(lines: Iterable[JournalLine], invocation: str) -> list[JournalLine]:
+    """systemd's own lines about the unit carry INVOCATION_ID; the service's carry _SYSTEMD_..."""
+    return [ln for ln in lines if not invocation or not ln.invocation or ln.invocation == invocation]
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()

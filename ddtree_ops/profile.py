@@ -1,0 +1,516 @@
+"""Per-host profiles: YAML in, a validated Profile out, or every problem with its file and line.
+
+A profile is `profiles/defaults.yaml` merged with `profiles/<host>.yaml`, then any
+`--set key.path=value` overrides. Validation is pydantic (strict types, unknown keys
+forbidden); its error locations are mapped back to the YAML line they came from, so a typo
+reads `profiles/ct129.yaml:14 memory.mem_fraction_static: 1.4 is not in (0, 1)`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ddtree_ops.errors import ProfileError
+
+MODES = ("nextn", "dflash", "ddtree-shadow")
+Mode = Literal["nextn", "dflash", "ddtree-shadow"]
+
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+_ABS_PATH = r"^/"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, frozen=True)
+
+
+Fraction = Annotated[float, Field(gt=0, lt=1)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+PosInt = Annotated[int, Field(ge=1)]
+AbsPath = Annotated[str, Field(pattern=_ABS_PATH)]
+Seconds = Annotated[float, Field(gt=0)]
+
+AttentionBackend = Literal[
+    "flashinfer", "triton", "fa3", "fa4", "trtllm_mha", "trtllm_mla", "flashmla",
+    "cutlass_mla", "torch_native", "flex_attention",
+]
+
+
+class HostSection(_Strict):
+    ssh_host: str = Field(min_length=1)
+    user: str | None = None
+    port: Port | None = None
+    sudo: bool = False
+    host_key_policy: Literal["accept-new", "strict"] = "accept-new"
+
+
+class GpuSection(_Strict):
+    model: str
+    memory_mib: Annotated[int, Field(ge=1024, le=1 << 22)]
+    arch: Annotated[str, Field(pattern=r"^sm_\d{2,3}$")]
+    count: Annotated[int, Field(ge=1, le=64)] = 1
+
+
+class ServiceSection(_Strict):
+    unit: Annotated[str, Field(pattern=r"^[A-Za-z0-9:_.@-]+\.service$")]
+    python: AbsPath
+    listen_host: str = "127.0.0.1"
+    port: Port = 30000
+    user: str = "root"
+    model_path: AbsPath
+    served_model_name: str | None = None
+    restart_sec: Seconds = 30
+    start_limit_burst: PosInt = 3
+    start_limit_interval_s: Seconds = 600
+    timeout_start_s: Seconds = 1800
+    timeout_stop_s: Seconds = 120
+    state_dir: AbsPath = "/var/lib/ddtree-ops"
+    env_dir: AbsPath = "/etc/ddtree-ops"
+    env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = {}
+    # name -> "env:VAR" (read on the control machine at render time), "file:/path", or a literal
+    secrets: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = {}
+
+
+class MemorySection(_Strict):
+    mem_fraction_static: Fraction
+    context_length: Annotated[int, Field(ge=256, le=4_194_304)]
+    max_running_requests: Annotated[int, Field(ge=1, le=4096)]
+    attention_backend: AttentionBackend
+    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16"] = "auto"
+    page_size: Annotated[int, Field(ge=1, le=1024)] = 1
+    cuda_graph: bool = True
+    cuda_graph_max_bs: Annotated[int, Field(ge=1, le=1024)] | None = 8
+    chunked_prefill_size: Annotated[int, Field(ge=64)] | None = None
+    quantization: str | None = None
+
+
+class NextnMode(_Strict):
+    algorithm: Literal["NEXTN"] = "NEXTN"
+    # None for MTP-bearing checkpoints, where SGLang uses the target's own MTP layers
+    draft_model_path: AbsPath | None = None
+    num_steps: Annotated[int, Field(ge=1, le=16)] = 3
+    eagle_topk: Annotated[int, Field(ge=1, le=16)] = 1
+    num_draft_tokens: Annotated[int, Field(ge=2, le=64)] = 4
+
+
+class DflashMode(_Strict):
+    algorithm: Literal["DFLASH"] = "DFLASH"
+    draft_model_path: AbsPath
+    block_size: Annotated[int, Field(ge=2, le=64)] = 16
+    draft_attention_backend: AttentionBackend | None = None
+
+
+class ShadowSettings(_Strict):
+    share: Annotated[float, Field(ge=0, le=1)] = 0.25
+    report_every: PosInt = 64
+
+
+class DDTreeShadowMode(_Strict):
+    algorithm: Literal["DDTREE"] = "DDTREE"
+    draft_model_path: AbsPath
+    block_size: Annotated[int, Field(ge=2, le=64)] = 16
+    budget: Annotated[int, Field(ge=1, le=4096)] = 64
+    draft_attention_backend: AttentionBackend | None = None
+    shadow: ShadowSettings = ShadowSettings()
+
+
+ModeConfig = Union[NextnMode, DflashMode, DDTreeShadowMode]
+
+
+class ModesSection(_Strict):
+    nextn: NextnMode
+    dflash: DflashMode | None = None
+    ddtree_shadow: DDTreeShadowMode | None = Field(default=None, alias="ddtree-shadow")
+
+
+class GateSection(_Strict):
+    startup_deadline_s: Seconds = 900
+    stay_healthy_s: Annotated[float, Field(ge=0)] = 30
+    poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    http_timeout_s: Seconds = 10
+
+
+class SmokeSection(_Strict):
+    prompt: Annotated[str, Field(min_length=1)] = "The capital of France is"
+    max_new_tokens: Annotated[int, Field(ge=1, le=4096)] = 16
+    latency_warning_s: Seconds = 2.0
+    latency_critical_s: Seconds = 5.0
+    accept_len_warning: Annotated[float, Field(ge=1)] = 1.5
+    accept_len_critical: Annotated[float, Field(ge=1)] = 1.1
+    golden: str | None = None
+
+
+class ReleasesSection(_Strict):
+    keep: Annotated[int, Field(ge=2, le=100)] = 5
+
+
+class Profile(_Strict):
+    name: str
+    host: HostSection
+    gpu: GpuSection
+    service: ServiceSection
+    memory: MemorySection
+    known_good_mode: Mode = "nextn"
+    modes: ModesSection
+    gate: GateSection = GateSection()
+    smoke: SmokeSection = SmokeSection()
+    releases: ReleasesSection = ReleasesSection()
+
+    def mode(self, name: str) -> ModeConfig:
+        cfg = {"nextn": self.modes.nextn, "dflash": self.modes.dflash,
+               "ddtree-shadow": self.modes.ddtree_shadow}.get(name)
+        if cfg is None:
+            configured = ", ".join(self.configured_modes())
+            raise ProfileError([f"{self.name}: mode {name!r} is not configured (configured: {configured})"])
+        return cfg
+
+    def configured_modes(self) -> list[str]:
+        return [m for m, c in (("nextn", self.modes.nextn), ("dflash", self.modes.dflash),
+                               ("ddtree-shadow", self.modes.ddtree_shadow)) if c is not None]
+
+    @property
+    def arch_number(self) -> int:
+        return int(self.gpu.arch.removeprefix("sm_"))
+
+    def resolved(self) -> dict[str, Any]:
+        """The resolved profile as plain data, with mode keys as operators write them."""
+        return self.model_dump(mode="json", by_alias=True)
+
+    def sha256(self) -> str:
+        """Hash of the resolved profile; secrets enter by reference, never by value."""
+        canon = json.dumps(self.resolved(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- YAML with lines
+
+Loc = tuple[str, ...]
+
+
+@dataclass
+class Sourced:
+    """Raw profile data plus where each key came from (file:line or the --set that set it)."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    origin: dict[Loc, str] = field(default_factory=dict)
+
+
+def _compose(text: str, filename: str) -> Sourced:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{filename}:{mark.line + 1}" if mark else filename
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ProfileError([f"{where} YAML syntax error: {problem}"]) from None
+    out = Sourced()
+    if node is None:
+        return out
+    if not isinstance(node, yaml.MappingNode):
+        raise ProfileError([f"{filename}:{node.start_mark.line + 1} top level must be a mapping"])
+    problems: list[str] = []
+    out.data = _walk(node, (), filename, out.origin, problems)
+    if problems:
+        raise ProfileError(problems)
+    return out
+
+
+def _walk(node: yaml.Node, loc: Loc, filename: str, origin: dict[Loc, str], problems: list[str]) -> Any:
+    origin[loc] = f"{filename}:{node.start_mark.line + 1}"
+    if isinstance(node, yaml.MappingNode):
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                problems.append(f"{filename}:{key_node.start_mark.line + 1} {'.'.join(loc)}: keys must be plain words")
+                continue
+            key = str(key_node.value)
+            if key in result:
+                problems.append(f"{filename}:{key_node.start_mark.line + 1} {'.'.join(loc + (key,))}: duplicate key")
+                continue
+            result[key] = _walk(value_node, loc + (key,), filename, origin, problems)
+            origin[loc + (key,)] = f"{filename}:{key_node.start_mark.line + 1}"
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_walk(v, loc + (str(i),), filename, origin, problems) for i, v in enumerate(node.value)]
+    loader = yaml.SafeLoader("")
+    return loader.construct_object(node, deep=True)
+
+
+def _merge(base: Sourced, over: Sourced) -> Sourced:
+    def merge(a: Any, b: Any) -> Any:
+        if isinstance(a, dict) and isinstance(b, dict):
+            merged = dict(a)
+            for k, v in b.items():
+                merged[k] = merge(a[k], v) if k in a else v
+            return merged
+        return b
+
+    origin = dict(base.origin)
+    origin.update(over.origin)
+    return Sourced(merge(base.data, over.data), origin)
+
+
+def parse_override(spec: str) -> tuple[Loc, Any]:
+    """`memory.mem_fraction_static=0.9` -> (("memory", "mem_fraction_static"), 0.9)."""
+    if "=" not in spec:
+        raise ProfileError([f"--set {spec}: expected key.path=value"])
+    key, _, raw = spec.partition("=")
+    key = key.strip()
+    if not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*", key):
+        raise ProfileError([f"--set {spec}: {key!r} is not a dotted key path"])
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return tuple(key.split(".")), value
+
+
+def _apply_overrides(src: Sourced, overrides: list[str]) -> Sourced:
+    data = json.loads(json.dumps(src.data))  # deep copy of plain data
+    origin = dict(src.origin)
+    for spec in overrides:
+        loc, value = parse_override(spec)
+        cursor = data
+        for part in loc[:-1]:
+            nxt = cursor.get(part)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                cursor[part] = nxt
+            cursor = nxt
+        cursor[loc[-1]] = value
+        for i in range(1, len(loc) + 1):
+            origin.setdefault(loc[:i], f"--set {spec}")
+        origin[loc] = f"--set {spec}"
+    return Sourced(data, origin)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def profiles_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
+    """--profiles, then $DDTREE_OPS_PROFILES, then ./profiles, then the checkout's profiles/."""
+    for candidate in (explicit, os.environ.get("DDTREE_OPS_PROFILES"), "profiles"):
+        if candidate and Path(candidate).is_dir():
+            return Path(candidate)
+    return Path(__file__).resolve().parent.parent / "profiles"
+
+
+def available_hosts(directory: Path | None = None) -> list[str]:
+    d = directory or profiles_dir()
+    return sorted(p.stem for p in d.glob("*.yaml") if p.stem != "defaults")
+
+
+def _read(path: Path, shown: str) -> Sourced:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProfileError([f"{shown}: cannot read ({exc.strerror})"]) from None
+    return _compose(text, shown)
+
+
+def load_profile(host: str, *, overrides: list[str] | None = None, directory: Path | None = None) -> Profile:
+    d = directory or profiles_dir()
+    path = d / f"{host}.yaml"
+    if not path.is_file():
+        known = ", ".join(available_hosts(d)) or "none"
+        raise ProfileError([f"no profile for host {host!r}: {_shown(path)} does not exist (profiles: {known})"])
+    src = Sourced()
+    defaults = d / "defaults.yaml"
+    if defaults.is_file():
+        src = _read(defaults, _shown(defaults))
+    src = _merge(src, _read(path, _shown(path)))
+    src.data.setdefault("name", host)
+    src.origin.setdefault(("name",), _shown(path))
+    src = _apply_overrides(src, overrides or [])
+    return validate(src, fallback=_shown(path))
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def validate(src: Sourced, *, fallback: str) -> Profile:
+    try:
+        profile = Profile.model_validate(src.data)
+    except ValidationError as exc:
+        raise ProfileError([_format_error(e, src, fallback) for e in exc.errors()]) from None
+    problems = [f"{_where(loc, src, fallback)} {'.'.join(loc)}: {msg}" for loc, msg in check_rules(profile)]
+    if problems:
+        raise ProfileError(problems)
+    return profile
+
+
+def _where(loc: Loc, src: Sourced, fallback: str) -> str:
+    for i in range(len(loc), -1, -1):
+        if loc[:i] in src.origin:
+            return src.origin[loc[:i]]
+    return fallback
+
+
+def _format_error(e: Any, src: Sourced, fallback: str) -> str:
+    loc: Loc = tuple(str(p) for p in e["loc"])
+    # pydantic reports union members as extra loc parts ("int", "constrained-int"); drop them
+    loc = tuple(p for p in loc if not re.fullmatch(r"(constrained-)?(int|float|str|bool|none|function-.*)", p))
+    path = ".".join(loc)
+    where = _where(loc, src, fallback)
+    kind = e["type"]
+    value = e.get("input")
+    ctx = e.get("ctx") or {}
+    if kind == "extra_forbidden":
+        parent = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(loc[-1], parent, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else (f" (known: {', '.join(parent)})" if parent else "")
+        return f"{where} {path}: unknown key{hint}"
+    if kind == "missing":
+        return f"{where} {path}: required but missing"
+    if kind in {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}:
+        return f"{where} {path}: {value!r} is not in {_interval(loc) or _bound(kind, ctx)}"
+    if kind == "literal_error":
+        return f"{where} {path}: {value!r} is not one of {ctx.get('expected')}"
+    if kind == "string_pattern_mismatch":
+        return f"{where} {path}: {value!r} does not match {_pattern_hint(ctx.get('pattern', ''))}"
+    if kind.endswith("_type") or kind.endswith("_parsing") or kind == "model_type":
+        want = kind.removesuffix("_type").removesuffix("_parsing").replace("model", "mapping").replace("dict", "mapping")
+        return f"{where} {path}: expected {want}, got {type(value).__name__} {value!r}"
+    return f"{where} {path}: {e['msg']}"
+
+
+def _pattern_hint(pattern: str) -> str:
+    return {
+        _ABS_PATH: "an absolute path",
+        _ENV_NAME: "an environment variable name",
+    }.get(pattern, f"the pattern {pattern}")
+
+
+def _bound(kind: str, ctx: dict[str, Any]) -> str:
+    sym = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
+    return f"the range {sym} {next(iter(ctx.values()))}"
+
+
+def _field_info(loc: Loc) -> Any:
+    model: Any = Profile
+    info = None
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if fields is None:
+            return None
+        info = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
+        if info is None:
+            return None
+        model = _model_of(info.annotation)
+    return info
+
+
+def _model_of(annotation: Any) -> Any:
+    args = getattr(annotation, "__args__", None)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for a in args or ():
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _fields_at(loc: Loc) -> list[str]:
+    model: Any = Profile if not loc else _model_of(getattr(_field_info(loc), "annotation", None))
+    if model is None:
+        return []
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _interval(loc: Loc) -> str | None:
+    info = _field_info(loc)
+    if info is None:
+        return None
+    metas = list(info.metadata)
+    for a in getattr(info.annotation, "__args__", ()) or ():
+        metas += list(getattr(a, "__metadata__", ()))
+        for m in getattr(a, "__metadata__", ()):
+            metas += list(getattr(m, "metadata", ()))
+    lo = hi = None
+    lo_open = hi_open = False
+    for m in metas:
+        for name in ("gt", "ge", "lt", "le"):
+            v = getattr(m, name, None)
+            if v is None:
+                continue
+            if name in ("gt", "ge"):
+                lo, lo_open = v, name == "gt"
+            else:
+                hi, hi_open = v, name == "lt"
+    if lo is None and hi is None:
+        return None
+    left = "(" if lo_open or lo is None else "["
+    right = ")" if hi_open or hi is None else "]"
+    return f"{left}{'-inf' if lo is None else lo}, {'inf' if hi is None else hi}{right}"
+
+
+# --------------------------------------------------------------------------- cross-field rules
+
+# facts/sglang-ddtree.md 7.3: sm_120 has no FA3 (SM 8x-9x only), no FA4 / trtllm (tcgen05, SM100/103 only)
+_BACKEND_ARCH = {
+    "fa3": (80, 90),
+    "fa4": (100, 103),
+    "trtllm_mha": (100, 103),
+    "trtllm_mla": (100, 103),
+    "cutlass_mla": (100, 103),
+}
+# Quantization schemes that need FP8/FP4 tensor cores (sm_89+ / sm_100+); sm_86 runs plain
+# "fp8" checkpoints as weight-only Marlin, which is allowed.
+_QUANT_MIN_ARCH = {"w8a8_fp8": 89, "modelopt_fp4": 100, "nvfp4": 100, "mxfp4": 100, "fp4": 100}
+
+
+def check_rules(p: Profile) -> list[tuple[Loc, str]]:
+    """Rules that span fields; each returns the key path to blame and why."""
+    out: list[tuple[Loc, str]] = []
+    arch = p.arch_number
+
+    def backend_ok(loc: Loc, backend: str | None) -> None:
+        if backend in _BACKEND_ARCH:
+            lo, hi = _BACKEND_ARCH[backend]
+            if not lo <= arch <= hi:
+                out.append((loc, f"{backend!r} needs sm_{lo}..sm_{hi}; this host is {p.gpu.arch} "
+                                 "(use flashinfer or triton)"))
+
+    backend_ok(("memory", "attention_backend"), p.memory.attention_backend)
+    for name in ("dflash", "ddtree-shadow"):
+        cfg = {"dflash": p.modes.dflash, "ddtree-shadow": p.modes.ddtree_shadow}[name]
+        if cfg is not None:
+            backend_ok(("modes", name, "draft_attention_backend"), cfg.draft_attention_backend)
+    q = p.memory.quantization
+    if q and q in _QUANT_MIN_ARCH and arch < _QUANT_MIN_ARCH[q]:
+        out.append((("memory", "quantization"),
+                    f"{q!r} needs sm_{_QUANT_MIN_ARCH[q]}+ tensor cores; {p.gpu.arch} runs FP8 weight-only "
+                    "(use 'fp8', which SGLang runs as W8A16 Marlin here)"))
+    if p.gate.stay_healthy_s >= p.gate.startup_deadline_s:
+        out.append((("gate", "stay_healthy_s"), "must be shorter than gate.startup_deadline_s"))
+    if p.smoke.latency_warning_s > p.smoke.latency_critical_s:
+        out.append((("smoke", "latency_warning_s"), "must not exceed smoke.latency_critical_s"))
+    if p.smoke.accept_len_critical > p.smoke.accept_len_warning:
+        out.append((("smoke", "accept_len_critical"), "must not exceed smoke.accept_len_warning"))
+    if p.service.timeout_start_s < p.gate.startup_deadline_s:
+        out.append((("service", "timeout_start_s"),
+                    "must cover gate.startup_deadline_s, or systemd kills a start the gate still waits for"))
+    if p.service.start_limit_interval_s <= p.service.restart_sec * p.service.start_limit_burst:
+        out.append((("service", "start_limit_interval_s"),
+                    "must exceed restart_sec x start_limit_burst, or the start limit never trips"))
+    for name, ref in p.service.secrets.items():
+        if ref.startswith("file:") and not ref[5:].startswith("/"):
+            out.append((("service", "secrets", name), "file: references need an absolute path"))
+    clash = set(p.service.env) & set(p.service.secrets)
+    for name in sorted(clash):
+        out.append((("service", "secrets", name), "also set in service.env; keep it in one place"))
+    return out

@@ -1,0 +1,148 @@
+"""Remote actions as data: each function returns the argv a host runs, nothing more.
+
+One thin executor (`Host.run`) runs them; tests compare these lists, the way pyinfra tests its
+operations and Kamal its command builders. Paths and names are arguments, never shell text, so
+nothing here needs quoting.
+"""
+
+from __future__ import annotations
+
+Argv = list[str]
+
+UNIT_PROPS = ("ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode", "MainPID",
+              "NRestarts", "InvocationID", "ActiveEnterTimestampMonotonic", "LoadState",
+              "UnitFileState", "FragmentPath", "DropInPaths")
+
+
+# ------------------------------------------------------------------ systemd
+
+
+def systemctl_show(unit: str, props: tuple[str, ...] = UNIT_PROPS) -> Argv:
+    return ["systemctl", "show", "--property", ",".join(props), "--", unit]
+
+
+def daemon_reload() -> Argv:
+    return ["systemctl", "daemon-reload"]
+
+
+def reset_failed(unit: str) -> Argv:
+    # exits non-zero when the unit was not failed: callers ignore its status
+    return ["systemctl", "reset-failed", "--", unit]
+
+
+def restart(unit: str) -> Argv:
+    # --no-block: ExecStartPost waits for readiness; the gate watches instead of blocking here
+    return ["systemctl", "restart", "--no-block", "--", unit]
+
+
+def enable(unit: str) -> Argv:
+    return ["systemctl", "enable", "--quiet", "--", unit]
+
+
+def stop(unit: str) -> Argv:
+    return ["systemctl", "stop", "--no-block", "--", unit]
+
+
+def verify_unit(path: str) -> Argv:
+    return ["systemd-analyze", "verify", "--", path]
+
+
+# ------------------------------------------------------------------ journald
+
+
+def journal_cursor(unit: str) -> Argv:
+    """The cursor of the newest entry, taken before a restart to scope the gate's reads."""
+    return ["journalctl", "--unit", unit, "--lines", "0", "--show-cursor", "--no-pager", "--quiet"]
+
+
+def journal_after(unit: str, cursor: str | None, *, max_lines: int = 5000) -> Argv:
+    argv = ["journalctl", "--unit", unit, "--output", "json", "--no-pager", "--quiet",
+            "--output-fields", "MESSAGE,_SYSTEMD_INVOCATION_ID,__REALTIME_TIMESTAMP,_PID,PRIORITY"]
+    if cursor:
+        argv += ["--after-cursor", cursor]
+    else:
+        argv += ["--lines", str(max_lines)]
+    return argv
+
+
+def journal_invocation(unit: str, invocation_id: str) -> Argv:
+    return ["journalctl", "--output", "json", "--no-pager", "--quiet",
+            f"_SYSTEMD_INVOCATION_ID={invocation_id}", "+", f"UNIT={unit}",
+            f"INVOCATION_ID={invocation_id}"]
+
+
+# ------------------------------------------------------------------ files
+
+
+def mkdirs(*paths: str, mode: str = "0755") -> Argv:
+    return ["mkdir", "-p", "-m", mode, "--", *paths]
+
+
+def rename(src: str, dest: str) -> Argv:
+    """rename(2) within one directory: the target is either the old file or the new one."""
+    return ["mv", "-f", "-T", "--", src, dest]
+
+
+def remove(*paths: str) -> Argv:
+    return ["rm", "-f", "--", *paths]
+
+
+def remove_tree(path: str) -> Argv:
+    return ["rm", "-rf", "--", path]
+
+
+def sync_dir(path: str) -> Argv:
+    return ["sync", "--", path]
+
+
+def list_dir(path: str) -> Argv:
+    return ["ls", "-1", "--", path]
+
+
+def cat(path: str) -> Argv:
+    return ["cat", "--", path]
+
+
+def append_line(path: str, line: str) -> Argv:
+    # one write(2) of one line with O_APPEND: concurrent writers never interleave inside a line
+    return ["sh", "-c", 'printf "%s\\n" "$1" >> "$2"', "sh", line, path]
+
+
+def mkdir_lock(path: str) -> Argv:
+    """mkdir is atomic: exactly one of two racing deploys gets rc 0 (Kamal's lock)."""
+    return ["mkdir", "--", path]
+
+
+# ------------------------------------------------------------------ GPU and Python on the host
+
+
+def nvidia_smi_gpus() -> Argv:
+    return ["nvidia-smi",
+            "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,compute_cap,driver_version",
+            "--format=csv,noheader,nounits"]
+
+
+def nvidia_smi_apps() -> Argv:
+    return ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+            "--format=csv,noheader,nounits"]
+
+
+def python_run(python: str, script: str, *args: str) -> Argv:
+    return [python, "-c", script, *args]
+
+
+def env_run(env: dict[str, str], argv: Argv) -> Argv:
+    return ["env", *(f"{k}={v}" for k, v in sorted(env.items())), *argv]
+
+
+def pip_install(python: str, wheel: str) -> Argv:
+    return [python, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
+            "--disable-pip-version-check", "--quiet", wheel]
+
+
+def boot_epoch() -> Argv:
+    return ["date", "+%s"]
+
+
+def kernel_log_since(epoch: int) -> Argv:
+    return ["journalctl", "--dmesg", "--since", f"@{epoch}", "--no-pager", "--quiet", "--output", "short-iso"]
