@@ -134,5 +134,19 @@ def only_invocation(lines: Iterable[JournalLine], invocation: str) -> list[Journ
     return [ln for ln in lines if not invocation or not ln.invocation or ln.invocation == invocation]
 
 
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
+def read_files(host: Host, paths: list[str]) -> dict[str, bytes | None]:
+    """Several small files in one round trip (base64 framed); None for the ones that are absent."""
+    script = ('for f in "$@"; do if [ -f "$f" ]; then printf "%s\\n" "+$f"; base64 -w0 -- "$f"; '
+              'printf "\\n"; else printf "%s\\n" "-$f"; fi; done')
+    res = host.run(["sh", "-c", script, "sh", *paths], sudo=True, timeout=30)
+    out: dict[str, bytes | None] = {p: None for p in paths}
+    lines = res.stdout.splitlines()
+    i = 0
+    while i < len(lines):
+        head = lines[i]
+        if head.startswith("+") and i + 1 < len(lines):
+            out[head[1:]] = base64.b64decode(lines[i + 1])
+            i += 2
+        else:
+            i += 1
+    return out

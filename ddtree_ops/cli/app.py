@@ -11,10 +11,14 @@ from __future__ import annotations
 import os
 import sys
 
-import typer
+# Plain help text: rich-rendered help costs ~0.25 s per `--help` (importing and laying out rich),
+# more than the whole rest of start-up. TYPER_USE_RICH=1 brings it back.
+os.environ.setdefault("TYPER_USE_RICH", "0")
 
-from ddtree_ops import __version__
-from ddtree_ops.cli import (
+import typer  # noqa: E402  (must follow the environment default above)
+
+from ddtree_ops import __version__  # noqa: E402
+from ddtree_ops.cli import (  # noqa: E402
     deploy,
     diagnose,
     engine,
@@ -28,7 +32,7 @@ from ddtree_ops.cli import (
     schedule,
     smoke,
 )
-from ddtree_ops.status import INTERRUPTED, USAGE
+from ddtree_ops.status import INTERRUPTED, USAGE  # noqa: E402
 
 app = typer.Typer(
     name="ddtree-ops",
@@ -57,6 +61,25 @@ def _root(
 ) -> None:
     """Global options."""
 
+
+def _skip_pydantic_for_unset_flags() -> None:
+    """Typer 0.29 coerces every parameter through a pydantic TypeAdapter, including the root
+    group's unset --help flag on every subcommand call; importing pydantic for that costs ~0.1 s
+    per invocation. An unset boolean flag needs no coercion: it is False."""
+    param = getattr(typer.core, "_TyperParameter", None)
+    original = getattr(param, "process_value", None)
+    if param is None or original is None:
+        return
+
+    def process_value(self: object, ctx: object, value: object) -> object:
+        if value is None and getattr(getattr(self, "type_descriptor", None), "annotation", None) is bool:
+            value = False
+        return original(self, ctx, value)
+
+    param.process_value = process_value
+
+
+_skip_pydantic_for_unset_flags()
 
 for _module in (deploy, rollback, diagnose, smoke, render, profile, preflight, history, lock,
                 schedule, lab, engine):

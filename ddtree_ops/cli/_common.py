@@ -1,0 +1,45 @@
+"""Options and helpers shared by the command modules (typer + stdlib only at import time)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+if TYPE_CHECKING:
+    from ddtree_ops.profile import Profile
+    from ddtree_ops.ssh import SSHHost
+
+SetOpt = typer.Option(None, "--set", metavar="KEY.PATH=VALUE",
+                      help="Override a profile value for this run, e.g. --set memory.mem_fraction_static=0.9 "
+                           "(repeatable).")
+JsonOpt = typer.Option(False, "--json", help="Print one JSON document on stdout.")
+SshConfigOpt = typer.Option(None, "--ssh-config", metavar="FILE", envvar="DDTREE_OPS_SSH_CONFIG",
+                            help="ssh_config to resolve host names with (default: $DDTREE_OPS_SSH_CONFIG, "
+                                 "then ~/.ssh/config).")
+ProfilesOpt = typer.Option(None, "--profiles", metavar="DIR", envvar="DDTREE_OPS_PROFILES",
+                           help="Directory holding defaults.yaml and <host>.yaml (default: ./profiles).")
+
+
+def load(host: str, overrides: Optional[list[str]] = None, profiles: Optional[str] = None) -> "Profile":
+    from pathlib import Path
+
+    from ddtree_ops.profile import load_profile, profiles_dir
+
+    return load_profile(host, overrides=overrides or [], directory=profiles_dir(profiles) if profiles else None)
+
+
+def connect(profile: "Profile", ssh_config: Optional[str]) -> "SSHHost":
+    from ddtree_ops.ssh import connect as ssh_connect
+
+    return ssh_connect(profile, ssh_config=ssh_config)
+
+
+def interactive() -> bool:
+    return sys.stdin.isatty() and sys.stderr.isatty() and not os.environ.get("CI")
+
+
+def confirm(question: str) -> bool:
+    return typer.confirm(question, default=False, err=True)

@@ -1,0 +1,84 @@
+"""`ddtree-ops deploy HOST`: render, preflight, install, gate; roll back to known-good on failure."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
+
+if TYPE_CHECKING:
+    from ddtree_ops.deploy import Outcome
+
+ModeOpt = typer.Option("ddtree-shadow", "--mode", "-m", help="nextn | dflash | ddtree-shadow.")
+
+
+def deploy_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.yaml, ssh_config alias)."),
+               mode: str = ModeOpt,
+               dry_run: bool = typer.Option(False, "--dry-run", help="Preflight, plan and diff; change nothing."),
+               yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+               force_restart: bool = typer.Option(False, "--force-restart",
+                                                  help="Restart and gate even when nothing changed."),
+               lock_wait: float = typer.Option(0, "--lock-wait", metavar="SECONDS",
+                                               help="Wait this long for another deploy's lock."),
+               set_: Optional[list[str]] = SetOpt, as_json: bool = JsonOpt,
+               ssh_config: Optional[str] = SshConfigOpt, profiles: Optional[str] = ProfilesOpt) -> int:
+    """Deploy MODE to HOST and prove it healthy, or roll back to the known-good release.
+
+    Exit: 0 serving the new release, 1 failed and rolled back (healthy on known-good),
+    2 failed and degraded, 3 refused before any change.
+
+    Example: ddtree-ops deploy ct200 --mode ddtree-shadow --yes
+    """
+    from ddtree_ops import output
+    from ddtree_ops.cli._common import confirm, connect, interactive, load
+    from ddtree_ops.deploy import deploy
+
+    p = load(host, set_, profiles)
+    p.mode(mode)  # an unconfigured mode is a usage error before any connection
+    with connect(p, ssh_config) as h:
+        out = deploy(h, p, mode, dry_run=dry_run, assume_yes=yes,
+                     confirm=confirm if interactive() and not as_json else None, force_restart=force_restart,
+                     lock_wait_s=lock_wait)
+    show(out, as_json=as_json)
+    return int(out.exit_code)
+
+
+def show(out: "Outcome", *, as_json: bool) -> None:
+    from ddtree_ops import output
+
+    if as_json:
+        output.emit_json(out.to_json())
+        return
+    pf = out.preflight
+    if pf is not None:
+        output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
+        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+        for c in pf.checks:
+            output.say(f"  {marks[c.status]} {c.name:<13} {c.detail}")
+    if out.diff and out.result in ("dry-run", "ok", "rolled-back", "degraded"):
+        output.say("[bold]changes:[/]")
+        output.err().print(out.diff, markup=False, highlight=False, style=None)
+    for e in out.events:
+        output.say(f"  {e}")
+    if out.diagnosis:
+        rc = out.diagnosis.get("root_cause")
+        if rc:
+            output.say(f"[bold red]root cause:[/] {rc.get('label')} (line {rc.get('line')}): {rc.get('evidence')}")
+            if rc.get("remedy"):
+                output.say(f"[bold]remedy:[/] {rc['remedy']}")
+        if out.evidence:
+            output.say("[bold]journal of this start (last lines):[/]")
+            for line in out.evidence[-12:]:
+                output.err().print("  " + line, markup=False, highlight=False)
+    colour = {"ok": "green", "no-change": "green", "dry-run": "cyan", "rolled-back": "yellow",
+              "degraded": "bold red", "refused": "red"}.get(out.result, "white")
+    output.say(f"[{colour}]{out.result.upper()}[/] {out.host} {out.mode}: {out.reason}")
+    if out.result == "degraded":
+        output.say(f"[bold red]{out.host} IS DEGRADED:[/] it is not serving a verified release. "
+                   f"Inspect with `ddtree-ops diagnose {out.host}`; `ddtree-ops history {out.host}` lists releases.")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("deploy")(deploy_cmd)

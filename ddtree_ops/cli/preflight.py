@@ -1,0 +1,43 @@
+"""`ddtree-ops preflight HOST`: the deploy's checks alone (GPU, memory fit, flags, plugin, unit)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
+
+
+def preflight_cmd(host: str = typer.Argument(...),
+                  mode: str = typer.Option("ddtree-shadow", "--mode", "-m", help="nextn | dflash | ddtree-shadow."),
+                  set_: Optional[list[str]] = SetOpt, as_json: bool = JsonOpt,
+                  ssh_config: Optional[str] = SshConfigOpt, profiles: Optional[str] = ProfilesOpt) -> int:
+    """Run the deploy's preflight against HOST without changing anything. Exit 0 pass, 3 refused.
+
+    Example: ddtree-ops preflight ct129 --set memory.context_length=131072
+    """
+    from ddtree_ops import output
+    from ddtree_ops.cli._common import connect, load
+    from ddtree_ops.preflight import run_preflight
+    from ddtree_ops.releases import Layout
+    from ddtree_ops.render import render
+    from ddtree_ops.wheel import build
+
+    p = load(host, set_, profiles)
+    rendered = render(p, mode)
+    plugin = build().version if mode == "ddtree-shadow" else ""
+    with connect(p, ssh_config) as h:
+        pf = run_preflight(h, p, mode, rendered, Layout.for_service(p.service.state_dir, p.service.unit), plugin)
+    if as_json:
+        output.emit_json({"command": "preflight", "host": host, "mode": mode, **pf.to_json()})
+    else:
+        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+        for c in pf.checks:
+            output.say(f"  {marks[c.status]} {c.name:<13} {c.detail}")
+        output.say("[green]preflight passed[/]" if pf.ok else "[red]preflight refused[/]")
+    return 0 if pf.ok else 3
+
+
+def register(app: typer.Typer) -> None:
+    app.command("preflight")(preflight_cmd)

@@ -1,0 +1,266 @@
+"""The readiness gate: one loop, one deadline, and a verdict that explains itself.
+
+Pure part: `GateState.step(observation)` decides WAIT / PASS / FAIL from what one poll saw.
+Loop part: `run_gate` takes one observation per poll interval (unit state and this start's new
+journal lines in a single SSH round trip, then HTTP through the same connection) and feeds it in.
+
+FAIL at once when the unit fails or restarts (NRestarts, MainPID or InvocationID change), when
+a fatal signature appears in this start's journal, or when the smoke request fails; PASS only
+after /health_generate is 200, the smoke request succeeded, and the service stayed that way for
+the stay-healthy window. An "active" unit whose server is dead therefore fails within a poll or
+two of its crash line, not at the deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+from ddtree_ops.host import Host, HostUnreachable, HttpUnavailable
+from ddtree_ops.observe import JournalLine, UnitState, parse_journal_json, parse_systemctl_show
+from ddtree_ops.profile import Profile
+
+SEP = "\x1e"
+
+
+class Phase(str, Enum):
+    STARTING = "starting"  # waiting for /health_generate
+    SMOKE = "smoke"  # health is 200; one real request
+    STAY = "stay"  # smoke passed; must stay healthy for the window
+    DONE = "done"
+
+
+class Status(str, Enum):
+    WAIT = "wait"
+    PASS = "pass"
+    FAIL = "fail"
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    ok: bool
+    reason: str
+    latency_s: float = 0.0
+    text: str = ""
+    verify_ct: int | None = None
+    accept_len: float | None = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    t: float  # seconds since the restart
+    unit: UnitState
+    lines: list[JournalLine]
+    health: int | None = None  # HTTP status of /health_generate; None: not asked or nothing answered
+    health_error: str = ""
+    smoke: SmokeResult | None = None
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    deadline_s: float
+    stay_s: float
+    poll_s: float
+    http_timeout_s: float
+    speculative: bool
+
+
+@dataclass
+class GateState:
+    cfg: GateConfig
+    scanner: Any  # ddtree_ops.diagnose.classify.Scanner: incremental journal classification
+    phase: Phase = Phase.STARTING
+    first_unit: UnitState | None = None
+    ready_at: float | None = None
+    stay_from: float | None = None
+    status: Status = Status.WAIT
+    reason: str = ""
+    fatal: Any = None  # the Finding that failed the gate, if a journal line did
+    fatal_line: JournalLine | None = None
+    lines: list[JournalLine] = field(default_factory=list)
+    smoke: SmokeResult | None = None
+
+    def waiting_for(self) -> str:
+        return {Phase.STARTING: "/health_generate to answer 200", Phase.SMOKE: "the smoke request",
+                Phase.STAY: f"the service to stay healthy for {self.cfg.stay_s:g}s",
+                Phase.DONE: "nothing"}[self.phase]
+
+    def _fail(self, reason: str) -> Status:
+        self.status, self.reason, self.phase = Status.FAIL, reason, Phase.DONE
+        return self.status
+
+    def step(self, obs: Observation) -> Status:
+        if self.status is not Status.WAIT:
+            return self.status
+        self.lines.extend(obs.lines)
+        # the journal first: its first fatal line names the cause better than the unit state does
+        for finding in self.scanner.feed([ln.message for ln in obs.lines]):
+            if finding.severity == "fatal" and self.fatal is None:
+                self.fatal = finding
+                self.fatal_line = _line_for(obs.lines, finding)
+        if self.fatal is not None:
+            return self._fail(f"fatal log line ({self.fatal.label}): {self.fatal.text.strip()[:200]}")
+        u, first = obs.unit, self.first_unit
+        if first is None and u.invocation:
+            self.first_unit = first = u
+        if not u.exists:
+            return self._fail("the unit is not loaded (LoadState=not-found)")
+        if u.failed:
+            return self._fail(f"the unit failed ({u.describe()})")
+        if u.active in ("inactive", "deactivating") and first is not None:
+            return self._fail(f"the unit stopped ({u.describe()})")
+        if first is not None:
+            if u.restarts > first.restarts:
+                return self._fail(f"systemd restarted the service (NRestarts {first.restarts} -> {u.restarts})")
+            if u.invocation and u.invocation != first.invocation:
+                return self._fail("the service was started again (new invocation) during the gate")
+            if first.main_pid and u.main_pid and u.main_pid != first.main_pid:
+                return self._fail(f"the main process changed ({first.main_pid} -> {u.main_pid})")
+        if self.phase is Phase.STARTING:
+            if obs.health == 200:
+                self.phase, self.ready_at = Phase.SMOKE, obs.t
+            elif obs.t >= self.cfg.deadline_s:
+                why = f"last answer: {obs.health}" if obs.health else (obs.health_error or "no answer")
+                return self._fail(f"not ready after {self.cfg.deadline_s:g}s ({why}; unit {u.describe()})")
+        if self.phase is Phase.SMOKE and obs.smoke is not None:
+            self.smoke = obs.smoke
+            if not obs.smoke.ok:
+                return self._fail(f"smoke request failed: {obs.smoke.reason}")
+            self.phase, self.stay_from = Phase.STAY, obs.t
+        elif self.phase is Phase.STAY:
+            if obs.health is not None and obs.health != 200:
+                return self._fail(f"/health_generate went from 200 to {obs.health} inside the stay window")
+            if obs.health is None and obs.health_error:
+                return self._fail(f"/health_generate stopped answering inside the stay window ({obs.health_error})")
+            if self.stay_from is not None and obs.t - self.stay_from >= self.cfg.stay_s:
+                self.status, self.phase = Status.PASS, Phase.DONE
+                self.reason = (f"ready after {self.ready_at:.1f}s, smoke ok ({self.smoke.reason if self.smoke else ''}), "
+                               f"stayed healthy for {self.cfg.stay_s:g}s")
+        return self.status
+
+
+def _line_for(lines: list[JournalLine], finding: Any) -> JournalLine | None:
+    needle = (getattr(finding, "evidence", "") or "").strip()
+    for ln in lines:
+        if needle and needle in ln.message:
+            return ln
+    return lines[-1] if lines else None
+
+
+# ------------------------------------------------------------------ probes
+
+
+def smoke_request(host: Host, p: Profile, *, speculative: bool, timeout: float) -> SmokeResult:
+    body = {"text": p.smoke.prompt,
+            "sampling_params": {"temperature": 0, "max_new_tokens": p.smoke.max_new_tokens}}
+    try:
+        resp = host.http("POST", p.service.port, "/generate", body=body, timeout=timeout)
+    except HttpUnavailable as exc:
+        return SmokeResult(False, str(exc))
+    if resp.status != 200:
+        return SmokeResult(False, f"/generate answered {resp.status}: {resp.text[:200]}", resp.elapsed_s)
+    try:
+        doc = resp.json()
+    except ValueError:
+        return SmokeResult(False, f"/generate answered 200 with a non-JSON body: {resp.text[:120]!r}", resp.elapsed_s)
+    text = str(doc.get("text", ""))
+    meta = doc.get("meta_info") or {}
+    verify_ct = meta.get("spec_verify_ct")
+    accept = meta.get("spec_accept_length")
+    if accept is None and verify_ct:
+        accept = float(meta.get("completion_tokens", 0)) / float(verify_ct)
+    if not text.strip():
+        return SmokeResult(False, "/generate returned empty text", resp.elapsed_s, text, verify_ct, accept)
+    if speculative:
+        if not verify_ct:
+            return SmokeResult(False, "no speculative verify steps (spec_verify_ct is 0 or missing): "
+                               "the server is not running speculative decoding", resp.elapsed_s, text, verify_ct, accept)
+        if accept is None or float(accept) <= 1.0:
+            return SmokeResult(False, f"acceptance length {accept} is not above 1.00: the draft path is broken",
+                               resp.elapsed_s, text, verify_ct, accept)
+    detail = f"{resp.elapsed_s:.2f}s" + (f", accept length {float(accept):.2f}" if accept is not None else "")
+    return SmokeResult(True, detail, resp.elapsed_s, text, verify_ct, float(accept) if accept is not None else None)
+
+
+def _joined(first: list[str], second: list[str]) -> list[str]:
+    """Two commands in one round trip, their outputs split by a record separator line."""
+    import shlex
+
+    return ["sh", "-c", f"{shlex.join(first)}; printf '\\036\\n'; {shlex.join(second)}"]
+
+
+def parse_poll(stdout: str) -> tuple[UnitState, list[JournalLine]]:
+    show, _, journal = stdout.partition(SEP + "\n")
+    return parse_systemctl_show(show), parse_journal_json(journal)
+
+
+# ------------------------------------------------------------------ the loop
+
+
+@dataclass
+class GateResult:
+    passed: bool
+    reason: str
+    elapsed_s: float
+    state: GateState
+    verdict_wall: float  # time.time() of the verdict, to measure detection latency
+
+    @property
+    def report(self) -> Any:
+        return self.state.scanner.report()
+
+
+def is_speculative(p: Profile, mode: str) -> bool:
+    return p.mode(mode).algorithm != "NONE"
+
+
+def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None,
+             on_progress: Callable[[GateState, Observation], None] | None = None,
+             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
+             deadline_s: float | None = None) -> GateResult:
+    from ddtree_ops.diagnose.classify import Scanner
+
+    cfg = GateConfig(deadline_s=deadline_s or p.gate.startup_deadline_s, stay_s=p.gate.stay_healthy_s,
+                     poll_s=p.gate.poll_interval_s, http_timeout_s=p.gate.http_timeout_s,
+                     speculative=is_speculative(p, mode))
+    state = GateState(cfg, Scanner())
+    unit = p.service.unit
+    t0 = clock()
+    invocation = ""
+    while True:
+        started = clock()
+        try:
+            res = host.run(_joined_poll(unit, cursor), timeout=30)
+        except HostUnreachable as exc:
+            state._fail(f"lost the connection to the host during the gate ({exc})")
+            break
+        u, lines = parse_poll(res.stdout)
+        if lines:
+            cursor = lines[-1].cursor or cursor
+        invocation = invocation or u.invocation
+        lines = [ln for ln in lines if not ln.invocation or not invocation or ln.invocation == invocation]
+        health, health_err, smoke = None, "", None
+        if u.active in ("active", "activating") and not u.failed:
+            try:
+                health = host.http("GET", p.service.port, "/health_generate",
+                                   timeout=min(cfg.http_timeout_s, 5.0)).status
+            except HttpUnavailable as exc:
+                health_err = str(exc)
+            if state.phase is Phase.SMOKE or (state.phase is Phase.STARTING and health == 200):
+                smoke = smoke_request(host, p, speculative=cfg.speculative, timeout=cfg.http_timeout_s)
+        obs = Observation(clock() - t0, u, lines, health, health_err, smoke)
+        status = state.step(obs)
+        if on_progress:
+            on_progress(state, obs)
+        if status is not Status.WAIT:
+            break
+        sleep(max(0.0, cfg.poll_s - (clock() - started)))
+    return GateResult(state.status is Status.PASS, state.reason, clock() - t0, state, time.time())
+
+
+def _joined_poll(unit: str, cursor: str | None) -> list[str]:
+    from ddtree_ops import remote
+
+    return _joined(remote.systemctl_show(unit), remote.journal_after(unit, cursor))

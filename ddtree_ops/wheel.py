@@ -1,0 +1,66 @@
+"""A wheel of this very package, for installing the DDTree plugin into a host's SGLang venv.
+
+Built in memory from the package's own files (pure Python, no build backend needed), versioned
+`<version>+g<content digest>` so the host can be checked for exactly the code being deployed,
+with the `sglang.srt.plugins` entry point that SGLang's plugin loader looks for.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddtree_ops import __version__
+
+DIST = "ddtree_ops"
+ENTRY_POINTS = "[sglang.srt.plugins]\nddtree = ddtree_ops.engine.sglang_plugin:register\n"
+_SUFFIXES = (".py", ".yaml", ".json", ".tmpl")
+
+
+@dataclass(frozen=True)
+class Wheel:
+    filename: str
+    version: str
+    data: bytes
+
+
+def _files() -> list[tuple[str, bytes]]:
+    root = Path(__file__).resolve().parent
+    out = []
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix in _SUFFIXES and "__pycache__" not in path.parts:
+            out.append((f"{DIST}/{path.relative_to(root).as_posix()}", path.read_bytes()))
+    return out
+
+
+def _record_hash(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def build() -> Wheel:
+    files = _files()
+    digest = hashlib.sha256()
+    for name, data in files:
+        digest.update(name.encode() + b"\0" + data + b"\0")
+    version = f"{__version__}+g{digest.hexdigest()[:10]}"
+    info = f"{DIST}-{version}.dist-info"
+    meta = {
+        f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: ddtree-ops\nVersion: {version}\n"
+                             "Summary: ddtree-ops (DDTree engine SGLang plugin)\n").encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: ddtree-ops\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/entry_points.txt": ENTRY_POINTS.encode(),
+        f"{info}/top_level.txt": f"{DIST}\n".encode(),
+    }
+    buf = io.BytesIO()
+    record = []
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in [*files, *meta.items()]:
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
+            record.append(f"{name},{_record_hash(data)},{len(data)}")
+        record.append(f"{info}/RECORD,,")
+        zf.writestr(zipfile.ZipInfo(f"{info}/RECORD", date_time=(2020, 1, 1, 0, 0, 0)), "\n".join(record) + "\n")
+    return Wheel(f"{DIST}-{version}-py3-none-any.whl", version, buf.getvalue())

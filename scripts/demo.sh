@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The story of ddtree-ops, told by the tool itself on the built-in lab hosts (ct129, ct200).
+# Each step prints the command an operator would type, runs it, and checks the exit code the
+# design promises. The lab stays up afterwards for you to try commands.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+bold=$'\e[1m'; dim=$'\e[2m'; off=$'\e[0m'
+[ -t 1 ] || { bold=""; dim=""; off=""; }
+
+step() { printf '\n%s== %s%s\n' "$bold" "$1" "$off"; }
+run() {  # run EXPECTED_RC command...
+    local want=$1; shift
+    printf '%s$ %s%s\n' "$bold" "$*" "$off"
+    "$@"; local rc=$?
+    if [ "$rc" != "$want" ]; then
+        printf '\ndemo: expected exit %s from `%s`, got %s\n' "$want" "$*" "$rc" >&2
+        exit 1
+    fi
+    printf '%s(exit %s, as designed)%s\n' "$dim" "$rc" "$off"
+}
+
+[ "$(id -u)" = 0 ] || { echo "demo: the lab needs root (network namespaces, systemd-nspawn)" >&2; exit 1; }
+
+step "Bring up two GPU hosts as real systemd + sshd machines (an SGLang stand-in serves in place of the GPU server)"
+run 0 ddtree-ops lab up
+eval "$(ddtree-ops lab env)"
+run 0 ddtree-ops lab status
+
+step "ct200 (RTX PRO 6000, sm_120): DDTree in shadow-linear mode, gated on real readiness"
+run 0 ddtree-ops deploy ct200 --mode ddtree-shadow --yes
+
+step "ct129 (RTX A6000, 48 GB), the story's first attempt: context 131072, mem-fraction 0.88"
+run 3 ddtree-ops deploy ct129 --mode ddtree-shadow --yes \
+    --set memory.context_length=131072 --set memory.mem_fraction_static=0.88
+
+step "The second attempt, 32k context x 4 requests at 0.95, on a host whose CUDA driver library is gone"
+run 0 ddtree-ops lab fault ct129 libcuda-missing
+run 1 ddtree-ops deploy ct129 --mode ddtree-shadow --yes \
+    --set memory.context_length=32768 --set memory.max_running_requests=4 --set memory.mem_fraction_static=0.95
+run 0 ddtree-ops lab fault ct129 clear
+
+step "What went wrong on ct129, from its journal"
+run 2 ddtree-ops diagnose ct129
+
+step "What ct129 ran, and what it runs now"
+run 0 ddtree-ops history ct129
+run 0 ddtree-ops smoke ct129 ct200
+
+cat <<MSG
+
+${bold}What this showed${off}
+  - ct200 got DDTree (shadow-linear) only after /health_generate, a real smoke request with
+    acceptance > 1 and a stay-healthy window passed.
+  - ct129's first attempt never touched the host: preflight predicted the KV pool and refused.
+  - the second attempt failed within seconds of its crash line, was rolled back to the NEXTN
+    known-good release automatically, and the cause (a CUDA library that will not load) was named.
+
+The lab is still up. Try:
+  eval "\$(ddtree-ops lab env)"
+  ddtree-ops diagnose ct129 --json | head -40
+  ddtree-ops deploy ct129 --mode dflash --dry-run
+  ddtree-ops lab down            # stops every container and removes namespaces, mounts and links
+MSG

@@ -1,0 +1,270 @@
+"""deploy / rollback against the lab hosts: real sshd, real systemd as PID 1, real journald.
+
+Every scenario ends with a known-good unit serving; each test leaves the host on its NEXTN
+known-good release with no fault set, so the order of tests does not matter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddtree_ops.deploy import deploy, rollback
+from ddtree_ops.host import HostKeyError, HostUnreachable, SudoPasswordRequired
+from ddtree_ops.observe import unit_state
+from ddtree_ops.profile import load_profile
+from ddtree_ops.releases import Layout, read_pending, read_text
+from ddtree_ops.ssh import connect
+from ddtree_ops.status import DeployExit
+
+pytestmark = pytest.mark.lab
+REPO = Path(__file__).resolve().parents[2]
+FAST = ["gate.stay_healthy_s=3", "gate.poll_interval_s=0.25"]
+
+
+def prof(host: str, *extra: str) -> Any:
+    return load_profile(host, overrides=[*FAST, *extra], directory=REPO / "profiles")
+
+
+def cli(lab: Any, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config), "DDTREE_OPS_PROFILES": str(REPO / "profiles")}
+    return subprocess.run([sys.executable, "-m", "ddtree_ops", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def layout_of(p: Any) -> Layout:
+    return Layout.for_service(p.service.state_dir, p.service.unit)
+
+
+def assert_known_good_serving(lab: Any, host: str) -> None:
+    p = prof(host)
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        u = unit_state(h, p.service.unit)
+        assert u.running, u.describe()
+        assert h.http("GET", p.service.port, "/health_generate", timeout=10).status == 200
+        kg = read_text(h, layout_of(p).known_good)
+        cur = read_text(h, layout_of(p).current)
+        assert kg and kg == cur, (kg, cur)
+        assert read_pending(h, layout_of(p)) is None
+        info = h.http("GET", p.service.port, "/server_info", timeout=10).json()
+        assert info["speculative_algorithm"] in ("NEXTN", "EAGLE"), info["speculative_algorithm"]
+
+
+@pytest.fixture
+def ct129(lab: Any) -> Any:
+    """ct129 on its NEXTN baseline before and after the test, whatever the test did."""
+    yield "ct129"
+    lab.clear("ct129")
+    res = cli(lab, "rollback", "ct129")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_known_good_serving(lab, "ct129")
+
+
+def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
+    p = prof("ct200")
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        out = deploy(h, p, "ddtree-shadow", assume_yes=True)
+        assert out.exit_code == DeployExit.OK, out.reason
+        assert out.gate is not None and out.gate.passed and out.gate.state.smoke.accept_len > 1
+        pid = unit_state(h, p.service.unit).main_pid
+        assert read_text(h, layout_of(p).known_good) == out.release_id
+        again = deploy(h, p, "ddtree-shadow", assume_yes=True)
+        assert again.result == "no-change" and again.exit_code == 0
+        assert unit_state(h, p.service.unit).main_pid == pid  # not restarted
+        info = h.http("GET", p.service.port, "/server_info").json()
+        assert info["speculative_algorithm"] == "DDTREE"
+    res = cli(lab, "rollback", "ct200", "--to", "nextn-" + _release_suffix(lab, "ct200", "nextn"))
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
+def _release_suffix(lab: Any, host: str, mode: str) -> str:
+    from ddtree_ops.render import render
+
+    return render(prof(host), mode).release_id.split("-", 1)[1]
+
+
+def test_story_attempt_1_refused_by_preflight_and_nothing_changes(lab: Any, ct129: str) -> None:
+    p = prof(ct129, "memory.context_length=131072", "memory.mem_fraction_static=0.88")
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        before = h.get(f"/etc/systemd/system/{p.service.unit}")
+        pid = unit_state(h, p.service.unit).main_pid
+        out = deploy(h, p, "ddtree-shadow", assume_yes=True)
+        assert out.exit_code == DeployExit.REFUSED
+        mem = next(c for c in out.preflight.checks if c.name == "memory")
+        assert mem.status == "fail" and "524,288" in mem.detail and "memory.context_length=" in mem.detail
+        assert h.get(f"/etc/systemd/system/{p.service.unit}") == before
+        assert unit_state(h, p.service.unit).main_pid == pid
+        assert read_pending(h, layout_of(p)) is None
+
+
+def test_crash_at_start_fails_fast_names_the_cause_and_rolls_back(lab: Any, ct129: str) -> None:
+    lab.fault(ct129, "libcuda-missing")
+    res = cli(lab, "deploy", ct129, "--mode", "ddtree-shadow", "--yes", "--json", *sum((["--set", s] for s in FAST), []))
+    assert res.returncode == DeployExit.ROLLED_BACK, res.stderr[-3000:]
+    doc = json.loads(res.stdout)
+    assert doc["result"] == "rolled-back"
+    assert doc["diagnosis"]["root_cause"]["label"] == "cuda_lib_load"
+    assert doc["gate"]["elapsed_s"] < 30  # failed on the crash line, not at the 900 s deadline
+    assert doc["rollback_gate"]["passed"]
+    assert "root cause" in res.stderr and "cuda_lib_load" in res.stderr
+
+
+def test_crash_after_ready_inside_the_stay_window(lab: Any, ct129: str) -> None:
+    lab.fault(ct129, "crash-after-ready")
+    p = prof(ct129, "gate.stay_healthy_s=25")
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        out = deploy(h, p, "dflash", assume_yes=True)
+    assert out.exit_code == DeployExit.ROLLED_BACK, out.reason
+    assert out.gate.state.ready_at is not None  # it was ready, then died inside the window
+    lab.clear(ct129)
+
+
+def test_never_ready_fails_at_the_deadline(lab: Any, ct129: str) -> None:
+    lab.fault(ct129, "hang")
+    p = prof(ct129, "gate.startup_deadline_s=12")
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        out = deploy(h, p, "dflash", assume_yes=True)
+    assert out.exit_code == DeployExit.ROLLED_BACK, out.reason
+    assert "not ready after 12s" in out.reason
+
+
+def test_rollback_whose_own_gate_fails_exits_2_and_says_so(lab: Any, ct129: str) -> None:
+    lab.fault(ct129, "libcuda-missing")  # breaks every start, the NEXTN baseline's too
+    p = prof(ct129)
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        out = deploy(h, p, "dflash", assume_yes=True)
+    assert out.exit_code == DeployExit.DEGRADED
+    assert "ALSO FAILED" in out.reason
+    assert out.rollback_gate is not None and not out.rollback_gate.passed
+
+
+def test_two_deploys_at_once_one_is_refused(lab: Any, ct129: str) -> None:
+    env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config)}
+    args = [sys.executable, "-m", "ddtree_ops", "deploy", ct129, "--mode", "dflash", "--yes",
+            "--set", "gate.stay_healthy_s=6"]
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(3)
+    second = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    first_out = first.communicate(timeout=240)
+    assert second.returncode == DeployExit.REFUSED, second.stderr
+    assert "deploy lock held by" in second.stderr
+    assert first.returncode == DeployExit.OK, first_out[1][-2000:]
+
+
+def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: Any, ct129: str) -> None:
+    env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config)}
+    lab.fault(ct129, "slow-start")
+    proc = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "deploy", ct129, "--mode", "dflash", "--yes"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    time.sleep(6)
+    proc.send_signal(signal.SIGKILL)  # the control machine "dies": no cleanup at all
+    proc.wait()
+    p = prof(ct129)
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        pending = read_pending(h, layout_of(p))
+        assert pending and pending["action"] == "deploy"
+    lab.clear(ct129)
+    res = cli(lab, "rollback")  # no HOST: acts on the host whose deploy did not finish
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "ct129" in res.stderr and "did not finish" in res.stderr
+
+
+class DroppingHost:
+    """A real SSH host whose connection is cut right after the unit's staging write."""
+
+    def __init__(self, inner: Any, cut_after: str) -> None:
+        self._inner, self._cut_after, self.name = inner, cut_after, inner.name
+
+    def put(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
+        self._inner.put(path, data, mode=mode)
+        if path.endswith(self._cut_after):
+            self._inner._client.close()  # a real drop: the transport goes away
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def test_ssh_drop_mid_install_leaves_a_pending_record_that_rollback_repairs(lab: Any, ct129: str) -> None:
+    p = prof(ct129)
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        out = deploy(DroppingHost(h, ".service.ddtree-new"), p, "dflash", assume_yes=True)
+    assert out.exit_code == DeployExit.DEGRADED and "pending record" in out.reason
+    unit_path = f"/etc/systemd/system/{p.service.unit}"
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        assert read_pending(h, layout_of(p)) is not None
+        assert h.get(f"{unit_path}.ddtree-new") is not None  # staged, never renamed into place
+        assert b"mode=nextn" in h.get(unit_path)  # the installed unit is still the known-good one
+        assert unit_state(h, p.service.unit).running  # the old service never stopped
+    res = cli(lab, "rollback", ct129)
+    assert res.returncode == 0, res.stderr[-3000:]
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        assert h.get(f"{unit_path}.ddtree-new") is None  # the stale staging file is gone
+
+
+def test_full_disk_while_writing_the_unit_leaves_no_partial_file(lab: Any, ct129: str) -> None:
+    unit_dir = "/etc/systemd/system"
+    # a 2 MiB filesystem holding a copy of the unit directory, filled up, mounted over it
+    lab.exec(ct129, ["sh", "-c", f"mkdir -p /run/full && mount -t tmpfs -o size=2m tmpfs /run/full && "
+                                 f"cp -a {unit_dir}/. /run/full/ && "
+                                 "dd if=/dev/zero of=/run/full/.filler bs=64k 2>/dev/null; "
+                                 f"mount --bind /run/full {unit_dir}"])
+    try:
+        p = prof(ct129)
+        with connect(p, ssh_config=str(lab.ssh_config)) as h:
+            before = h.get(f"{unit_dir}/{p.service.unit}")
+            out = deploy(h, p, "dflash", assume_yes=True)
+            assert out.exit_code == DeployExit.ROLLED_BACK, out.reason
+            assert "No space left" in out.reason or "failed" in out.reason
+            assert h.get(f"{unit_dir}/{p.service.unit}") == before
+            assert h.get(f"{unit_dir}/{p.service.unit}.ddtree-new") is None
+    finally:
+        lab.exec(ct129, ["sh", "-c", f"umount {unit_dir}; umount /run/full"])
+
+
+def test_changed_host_key_is_refused_before_anything(lab: Any, tmp_path: Path) -> None:
+    kh = tmp_path / "known_hosts"
+    text = Path(lab.ssh_config).read_text()
+    orig_kh = next(line.split(None, 1)[1] for line in text.splitlines() if "UserKnownHostsFile" in line)
+    lines = Path(orig_kh.strip()).read_text().splitlines()
+    # same names, someone else's key
+    other = next(ln for ln in lines if ln.startswith("ct200") or "10.200.0.200" in ln).split()
+    forged = [f"{ln.split()[0]} {other[1]} {other[2]}" if ("ct129" in ln.split()[0] or "10.200.0.129" in ln.split()[0])
+              else ln for ln in lines]
+    kh.write_text("\n".join(forged) + "\n")
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(text.replace(orig_kh.strip(), str(kh)))
+    with pytest.raises(HostKeyError, match="HOST KEY CHANGED"):
+        connect(prof("ct129"), ssh_config=str(cfg))
+    res = cli(lab, "deploy", "ct129", "--yes", "--ssh-config", str(cfg))
+    assert res.returncode == 3 and "HOST KEY CHANGED" in res.stderr
+
+
+def test_sudo_that_needs_a_password_is_refused_before_any_change(lab: Any) -> None:
+    lab.exec("ct129", ["sh", "-c", "id deploy >/dev/null 2>&1 || useradd -m deploy; "
+                                   "mkdir -p ~deploy/.ssh && cp /root/.ssh/authorized_keys ~deploy/.ssh/ && "
+                                   "chown -R deploy ~deploy/.ssh; echo 'deploy ALL=(ALL) ALL' > /etc/sudoers.d/deploy"])
+    p = prof("ct129", "host.sudo=true")
+    cfg = Path(lab.ssh_config).read_text().replace("User root", "User deploy")
+    alt = Path(lab.ssh_config).with_name("ssh_config.deploy-user")
+    alt.write_text(cfg)
+    with connect(p, ssh_config=str(alt)) as h:
+        with pytest.raises(SudoPasswordRequired, match="sudo needs a password"):
+            deploy(h, p, "dflash", assume_yes=True)
+    assert_known_good_serving(lab, "ct129")
+
+
+def test_unreachable_host_is_refused_with_exit_3(lab: Any, tmp_path: Path) -> None:
+    cfg = tmp_path / "cfg"
+    cfg.write_text("Host ct129\n  HostName 10.200.0.250\n  ConnectTimeout 2\n")
+    res = cli(lab, "deploy", "ct129", "--yes", "--ssh-config", str(cfg), timeout=60)
+    assert res.returncode == 3 and "cannot connect" in res.stderr
+    with pytest.raises(HostUnreachable):
+        connect(prof("ct129"), ssh_config=str(cfg))
