@@ -257,7 +257,20 @@ def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None,
         if status is not Status.WAIT:
             break
         sleep(max(0.0, cfg.poll_s - (clock() - started)))
-    return GateResult(state.status is Status.PASS, state.reason, clock() - t0, state, time.time())
+    verdict_wall, elapsed = time.time(), clock() - t0
+    if state.status is Status.FAIL:
+        # the lines right after the first fatal one often name the real cause: read one more poll
+        # for the diagnosis (the verdict and its timing are already fixed)
+        sleep(cfg.poll_s)
+        try:
+            res = host.run(_joined_poll(unit, cursor), timeout=30)
+            more = [ln for ln in parse_poll(res.stdout)[1]
+                    if not ln.invocation or not invocation or ln.invocation == invocation]
+            state.lines.extend(more)
+            state.scanner.feed([ln.message for ln in more])
+        except HostUnreachable:
+            pass
+    return GateResult(state.status is Status.PASS, state.reason, elapsed, state, verdict_wall)
 
 
 def _joined_poll(unit: str, cursor: str | None) -> list[str]:

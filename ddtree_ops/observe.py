@@ -7,7 +7,6 @@ parsers are tested on captured output, the readers against the lab.
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -78,31 +77,18 @@ class JournalLine:
     pid: int = 0
 
 
-def _message(value: object) -> str:
-    # journald exports non-UTF-8 messages as a list of byte values
-    if isinstance(value, list):
-        return bytes(v & 0xFF for v in value if isinstance(v, int)).decode("utf-8", "replace")
-    if value is None:
-        return ""
-    return str(value)
-
-
 def parse_journal_json(text: str) -> list[JournalLine]:
+    """`journalctl -o json` output, one JournalLine per message line (tracebacks arrive as one
+    multi-line MESSAGE or as one entry per line, depending on how the service writes)."""
+    from ddtree_ops.diagnose.journal import parse_json_entry
+
     out: list[JournalLine] = []
     for raw in text.splitlines():
-        raw = raw.strip()
-        if not raw.startswith("{"):
+        entry = parse_json_entry(raw) if raw.lstrip().startswith("{") else None
+        if entry is None:
             continue
-        try:
-            entry = json.loads(raw)
-        except json.JSONDecodeError:
-            continue
-        msg = _message(entry.get("MESSAGE"))
-        for part in msg.splitlines() or [""]:
-            out.append(JournalLine(
-                message=part, cursor=str(entry.get("__CURSOR", "")),
-                invocation=str(entry.get("_SYSTEMD_INVOCATION_ID", "") or entry.get("INVOCATION_ID", "")),
-                realtime_us=int(entry.get("__REALTIME_TIMESTAMP", 0) or 0), pid=int(entry.get("_PID", 0) or 0)))
+        for part in entry.messages:
+            out.append(JournalLine(part, entry.cursor, entry.invocation, entry.realtime_us, entry.pid))
     return out
 
 

@@ -1,0 +1,111 @@
+"""`ddtree-ops diagnose HOST` / `ddtree-ops diagnose --log FILE|-`: name the root cause of a failure.
+
+Only typer and the standard library are imported here at module level (so `--help` is instant);
+the classifier, rich and the SSH layer are imported inside the command.
+Exit codes (DESIGN.md): 0 healthy, 1 warnings only, 2 failure found, 3 could not read; 64 usage.
+"""
+
+from __future__ import annotations
+
+
+import typer
+
+from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SshConfigOpt
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("diagnose")
+    def diagnose(
+        host: str | None = typer.Argument(None, metavar="[HOST]",
+                                             help="Profile/host name to diagnose live over SSH."),
+        log: str | None = typer.Option(None, "--log", metavar="FILE|-",
+                                          help="Classify a saved log or journal (plain, journald text, or "
+                                               "`journalctl -o json`); '-' reads stdin."),
+        json_out: bool = JsonOpt,
+        mode: str | None = typer.Option(None, "--mode", metavar="MODE",
+                                           help="With HOST: the mode the unit runs (default: read from its ExecStart)."),
+        ssh_config: str | None = SshConfigOpt,
+        profiles: str | None = ProfilesOpt,
+    ) -> None:
+        """Name the root cause of a failed SGLang start: evidence line, remedy, other findings.
+
+        Exit status: 0 healthy, 1 warnings only, 2 failure found, 3 could not read.
+        """
+        from ddtree_ops.errors import UsageError
+
+        if (host is None) == (log is None):
+            raise UsageError("give exactly one of HOST or --log FILE|-",
+                             hint="ddtree-ops diagnose ct129   or   ddtree-ops diagnose --log journal.txt")
+        if log is not None:
+            raise typer.Exit(_diagnose_log(log, json_out))
+        raise typer.Exit(_diagnose_host(host or "", json_out, mode, ssh_config, profiles))
+
+
+def _diagnose_log(path: str, json_out: bool) -> int:
+    import sys
+
+    from ddtree_ops import output
+    from ddtree_ops.diagnose import report as rpt
+    from ddtree_ops.diagnose.classify import CatalogueError, classify_stream
+    from ddtree_ops.status import DiagnoseExit
+
+    source = "stdin" if path == "-" else path
+    try:
+        if path == "-":
+            result = classify_stream(sys.stdin.buffer)
+        else:
+            with open(path, "rb") as fh:
+                result = classify_stream(fh)
+    except IsADirectoryError:
+        output.fail(f"cannot read {source}: it is a directory")
+        return DiagnoseExit.UNREADABLE
+    except FileNotFoundError:
+        output.fail(f"cannot read {source}: no such file")
+        return DiagnoseExit.UNREADABLE
+    except PermissionError:
+        output.fail(f"cannot read {source}: permission denied (journals often need the adm or systemd-journal group)")
+        return DiagnoseExit.UNREADABLE
+    except OSError as exc:
+        output.fail(f"cannot read {source}: {exc.strerror or exc}")
+        return DiagnoseExit.UNREADABLE
+    except CatalogueError as exc:
+        output.fail(f"the signature catalogue is broken: {exc}")
+        return DiagnoseExit.UNREADABLE
+    if result.lines == 0:
+        output.fail(f"{source} is empty: nothing to diagnose")
+        return DiagnoseExit.UNREADABLE
+    if json_out:
+        output.emit_json(rpt.to_json(result))
+    else:
+        rpt.render(result, source=source)
+    return rpt.exit_code(result.verdict)
+
+
+def _diagnose_host(host: str, json_out: bool, mode: str | None, ssh_config: str | None,
+                   profiles: str | None) -> int:
+    from ddtree_ops import output
+    from ddtree_ops.cli._common import connect, load
+    from ddtree_ops.diagnose import report as rpt
+    from ddtree_ops.diagnose.live import diagnose_host
+    from ddtree_ops.errors import OpsError
+    from ddtree_ops.status import DiagnoseExit
+
+    profile = load(host, profiles=profiles)  # ProfileError -> 64 with every problem listed
+    if mode is not None:
+        profile.mode(mode)  # an unconfigured mode is a usage error, said before connecting
+    try:
+        with connect(profile, ssh_config) as conn:
+            diag = diagnose_host(conn, profile, mode)
+    except OpsError as exc:
+        output.fail(f"{host}: {exc}")
+        if exc.hint:
+            output.say(f"  hint: {exc.hint}")
+        return DiagnoseExit.UNREADABLE
+    combined = diag.combined()
+    if json_out:
+        output.emit_json(rpt.to_json(combined, diag))
+    else:
+        rpt.render(combined, source=f"{host} ({profile.service.unit}, this start)", live=diag)
+    for err in diag.errors:
+        output.warn(err)
+    return rpt.exit_code(combined.verdict)

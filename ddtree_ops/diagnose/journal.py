@@ -1,0 +1,260 @@
+"""From what a journal or a log file holds to the message lines the catalogue is matched against.
+
+Pure functions, no I/O:
+- `clean_line` strips the prefixes real inputs carry, repeatedly and in any order: journald
+  `short`/`short-precise`/`short-iso`/`short-full` (`Nov 29 07:29:01 ct129 unit[123]: `),
+  container RFC 3339 timestamps (`docker logs -t`), dmesg `[ 1234.5678] `, docker-compose
+  `svc-1  | `, Ray / vLLM worker `(WorkerDict pid=1, ip=10.0.0.1) `, torchrun `[rank0]: `, and
+  the server's own record prefix (SGLang `[2025-01-01 00:00:00 TP0] `, vLLM `ERROR 03-02 19:49:43
+  [file.py:12] `). Each regex is anchored and bounded, so stripping is linear in the prefix.
+- `json_messages` turns one `journalctl -o json` line into its message lines; journald exports a
+  MESSAGE that is not valid UTF-8 as an array of byte values.
+- `TracebackTracker` groups the lines of one Python traceback (header, frames, the exception line
+  and its message, chained "During handling ..." parts) so that the classifier can tell a
+  consequence from a cause and see which files raised.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+# Bounded, anchored alternatives; tried at position 0 until none applies (at most _MAX_STRIPS).
+_PREFIX = re.compile(
+    r"""(?:
+      # journald short / short-precise: "Nov 29 07:29:01[.123456] host ident[pid]: "
+      [A-Z][a-z]{2}\ [ 0-9]?[0-9]\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\ [^ ]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
+      # journald short-iso / short-full: "2025-11-29T07:29:01+0000 host ident[pid]: ", "Sat 2025-11-29 07:29:01 UTC host ident[pid]: "
+    | (?:[A-Z][a-z]{2}\ )?[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?(?:\ [A-Z]{2,5})?\ [^ ]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
+      # container runtime RFC 3339 timestamp: "2023-02-20T06:44:19.335010Z "
+    | [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})\ {1,4}
+      # dmesg "[26002.108918] " and dmesg -T "[Sat Nov 29 07:29:01 2025] "
+    | \[\ {0,12}[0-9]{1,12}\.[0-9]{1,9}\]\ ?
+    | \[[A-Z][a-z]{2}\ [A-Z][a-z]{2}\ [ 0-9]?[0-9]\ [0-9]{2}:[0-9]{2}:[0-9]{2}\ [0-9]{4}\]\ ?
+      # Ray / vLLM worker "(WorkerDict pid=859188) ", "(pid=12, ip=10.0.0.1) ", "(raylet) "
+    | \((?:[A-Za-z_][A-Za-z0-9_.-]{0,80}\ )?pid=[0-9]{1,10}(?:,\ ip=[0-9A-Fa-f.:]{1,45})?\)\ ?
+    | \(raylet\)\ ?
+      # torchrun "[rank0]: " / "[rank0]:[W1120 ...]"
+    | \[rank[0-9]{1,6}\]:\ ?
+      # docker compose "sglang-1  | "
+    | [A-Za-z0-9_.-]{1,64}\ {1,40}\|\ ?
+    )""",
+    re.X,
+)
+
+# The server's own record prefixes: stripped too, and they mark the start of a new log record.
+_RECORD = re.compile(
+    r"""(?:
+      \[[0-9]{4}-[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[ A-Z0-9]{0,40})?\]\ ?        # SGLang
+    | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL|WARN)\ [0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?\ \[[^\]]{1,200}\]\ ?  # vLLM
+    )""",
+    re.X,
+)
+# Other starts of a new record that are kept in the text (uvicorn "INFO:     ...", logging "ERROR:root:").
+_RECORD_KEEP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):(?: |[a-z])")
+
+_MAX_STRIPS = 6
+
+
+def clean_line(text: str) -> tuple[str, bool]:
+    """The message without transport and logger prefixes, and whether it starts a new log record.
+
+    Trailing whitespace is dropped; leading indentation is kept (tracebacks depend on it).
+    """
+    text = text.rstrip("\r\n")
+    for _ in range(_MAX_STRIPS):
+        m = _PREFIX.match(text)
+        if not m or m.end() == 0:
+            break
+        text = text[m.end():]
+    new_record = False
+    m = _RECORD.match(text)
+    if m:
+        text = text[m.end():]
+        new_record = True
+    elif _RECORD_KEEP.match(text):
+        new_record = True
+    return text.rstrip(), new_record
+
+
+# ------------------------------------------------------------------ journalctl -o json
+
+
+@dataclass(frozen=True)
+class JsonEntry:
+    messages: list[str]
+    pid: int = 0
+    realtime_us: int = 0
+    invocation: str = ""
+    identifier: str = ""
+    cursor: str = ""
+
+
+def _message(value: Any) -> str:
+    # journald exports a non-UTF-8 MESSAGE as a list of byte values
+    if isinstance(value, list):
+        return bytes(v & 0xFF for v in value if isinstance(v, int)).decode("utf-8", "replace")
+    if value is None:
+        return ""
+    return value if isinstance(value, str) else str(value)
+
+
+def _int(value: Any) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_json_entry(line: str) -> JsonEntry | None:
+    """One `journalctl -o json` line; None when it is not a journal entry."""
+    try:
+        entry = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(entry, dict) or "MESSAGE" not in entry:
+        return None
+    msg = _message(entry.get("MESSAGE"))
+    return JsonEntry(
+        messages=msg.split("\n") if msg else [""],
+        pid=_int(entry.get("_PID")),
+        realtime_us=_int(entry.get("__REALTIME_TIMESTAMP")),
+        invocation=str(entry.get("_SYSTEMD_INVOCATION_ID") or entry.get("INVOCATION_ID") or ""),
+        identifier=str(entry.get("SYSLOG_IDENTIFIER") or ""),
+        cursor=str(entry.get("__CURSOR") or ""),
+    )
+
+
+def json_messages(line: str) -> list[str] | None:
+    entry = parse_json_entry(line)
+    return None if entry is None else entry.messages
+
+
+def looks_like_json_journal(sample: bytes | str) -> bool:
+    """True when the first non-blank line is a journal JSON object (`journalctl -o json`)."""
+    if isinstance(sample, bytes):
+        sample = sample[:65536].decode("utf-8", "replace")
+    for line in sample.splitlines():
+        s = line.strip()
+        if not s:
+            continue
+        return s.startswith("{") and '"MESSAGE"' in s
+    return False
+
+
+# ------------------------------------------------------------------ tracebacks
+
+TRACEBACK_HEADER = "Traceback (most recent call last)"
+_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+_FRAME = re.compile(r'\s*File "([^"]{1,1000})", line [0-9]+')
+_CARET = re.compile(r"\s*[\^~]+\s*$")
+
+IDLE, FRAMES, EXC, EXC_BLANK, CHAIN = "idle", "frames", "exc", "exc_blank", "chain"
+_MAX_MESSAGE_LINES = 80
+_MAX_GROUP_LINES = 4000
+_MAX_BLANKS = 4
+
+
+@dataclass
+class TracebackTracker:
+    """Which traceback (if any) each line belongs to.
+
+    A group runs from `Traceback (most recent call last):` through the frames, the exception line
+    and its message, across chained parts, and closes at the first line that cannot belong to it
+    (a new log record, a non-chain line after a blank, or a size bound for hostile input).
+    """
+
+    state: str = IDLE
+    group: int = 0  # id of the current (or last) group; 0 = none yet
+    start_line: int = 0
+    frames: list[str] = field(default_factory=list)
+    starts: dict[int, int] = field(default_factory=dict)  # group id -> first line
+    _lines: int = 0
+    _msg: int = 0
+    _blanks: int = 0
+
+    @property
+    def open(self) -> bool:
+        return self.state != IDLE
+
+    def _close(self) -> None:
+        self.state = IDLE
+
+    def _begin(self, line: int) -> None:
+        self.group += 1
+        self.start_line = line
+        self.starts[self.group] = line
+        self.frames = []
+        self._lines = 0
+
+    def step(self, text: str, new_record: bool, line: int) -> tuple[int | None, str]:
+        """Feed one cleaned line; returns (group id or None, kind).
+
+        kind is one of header, frame, code, exc, msg, chain, blank, other.
+        """
+        if TRACEBACK_HEADER in text:
+            if self.state != CHAIN:
+                self._begin(line)
+            self.state, self._blanks = FRAMES, 0
+            return self.group, "header"
+        if self.state == IDLE:
+            if text.startswith(_CHAIN):
+                # a chained part whose first half was cut off (excerpts, journald rate limits)
+                self._begin(line)
+                self.state, self._blanks = CHAIN, 0
+                return self.group, "chain"
+            return None, "other"
+        self._lines += 1
+        if self._lines > _MAX_GROUP_LINES:
+            self._close()
+            return None, "other"
+        blank = not text.strip()
+        if self.state == FRAMES:
+            if blank:
+                return self.group, "blank"
+            m = _FRAME.match(text)
+            if m:
+                self.frames.append(m.group(1))
+                return self.group, "frame"
+            if text[:1] in (" ", "\t") or _CARET.match(text):
+                return self.group, "code"
+            if text.startswith(_CHAIN):
+                self.state, self._blanks = CHAIN, 0
+                return self.group, "chain"
+            self.state, self._msg = EXC, 0
+            return self.group, "exc"
+        if self.state == EXC:
+            if blank:
+                self.state, self._blanks = EXC_BLANK, 1
+                return self.group, "blank"
+            if text.startswith(_CHAIN):
+                self.state, self._blanks = CHAIN, 0
+                return self.group, "chain"
+            self._msg += 1
+            if new_record or self._msg > _MAX_MESSAGE_LINES:
+                self._close()
+                return None, "other"
+            return self.group, "msg"
+        if self.state == EXC_BLANK:
+            if blank:
+                self._blanks += 1
+                if self._blanks > _MAX_BLANKS:
+                    self._close()
+                    return None, "blank"
+                return self.group, "blank"
+            if text.startswith(_CHAIN):
+                self.state, self._blanks = CHAIN, 0
+                return self.group, "chain"
+            self._close()
+            return None, "other"
+        # CHAIN: waiting for the next header
+        if blank:
+            self._blanks += 1
+            if self._blanks > _MAX_BLANKS:
+                self._close()
+                return None, "blank"
+            return self.group, "blank"
+        self._close()
+        return None, "other"

@@ -1,0 +1,528 @@
+"""`diagnose HOST`: what a live host says about its service, read through one `Host`.
+
+Three layers, GCM style:
+- argv builders (`cmd_*`): remote commands as data, tested as lists;
+- pure parsers (`parse_*`): from each command's output to small observations;
+- `diagnose_host(host, profile)`: runs the commands through the Host and combines the
+  observations with the journal classification into one `LiveDiagnosis`.
+A command that fails to run becomes a check with status "skip" or a finding, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ddtree_ops.diagnose.classify import Finding, Report, Scanner, choose_root
+
+if TYPE_CHECKING:
+    from ddtree_ops.host import Host
+    from ddtree_ops.profile import Profile
+
+UNIT_PROPS = ("Result", "ExecMainStatus", "NRestarts", "InvocationID", "ActiveState", "SubState",
+              "MainPID", "ExecMainPID", "ExecMainCode")
+PREVIOUS_STARTS = 3  # earlier invocations summarised
+JOURNAL_LINES = 20000  # how far back previous invocations are looked for
+
+# Run by the host's service.python with SGLANG_PLUGINS=ddtree: is DDTREE a DFlash-family algorithm
+# there? Prints one JSON line; a failing import is reported in it, not raised.
+PLUGIN_CHECK_SCRIPT = r'''
+import json, sys, traceback
+out = {"sglang": None, "registered": False, "dflash_family": None, "error": None}
+try:
+    import sglang
+    out["sglang"] = getattr(sglang, "__version__", "unknown")
+    from sglang.srt.plugins import load_plugins
+    load_plugins()
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    algo = SpeculativeAlgorithm.from_string("DDTREE")
+    out["registered"] = True
+    out["dflash_family"] = bool(algo.is_dflash_family())
+except BaseException as exc:
+    out["error"] = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-2000:]
+print(json.dumps(out))
+'''
+
+
+# ------------------------------------------------------------------ commands as data
+
+
+def cmd_unit_state(unit: str) -> list[str]:
+    return ["systemctl", "show", "-p", ",".join(UNIT_PROPS), "--", unit]
+
+
+def cmd_exec_start(unit: str) -> list[str]:
+    return ["systemctl", "show", "-p", "ExecStart", "--value", "--", unit]
+
+
+def cmd_journal_invocation(unit: str, invocation: str) -> list[str]:
+    # the service's own lines plus systemd's lines about this start of the unit
+    return ["journalctl", "-o", "json", "--no-pager", f"_SYSTEMD_INVOCATION_ID={invocation}", "+",
+            f"UNIT={unit}", f"INVOCATION_ID={invocation}"]
+
+
+def cmd_journal_recent(unit: str, lines: int = JOURNAL_LINES) -> list[str]:
+    return ["journalctl", "-u", unit, "-o", "json", "--no-pager", "-n", str(lines)]
+
+
+def cmd_kernel_since(epoch: int | None) -> list[str]:
+    if epoch is None:
+        return ["journalctl", "-k", "-b", "-n", "2000", "-o", "short-iso", "--no-pager"]
+    return ["journalctl", "-k", "--since", f"@{epoch}", "-o", "short-iso", "--no-pager"]
+
+
+def cmd_gpus() -> list[str]:
+    return ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free",
+            "--format=csv,noheader,nounits"]
+
+
+def cmd_gpu_apps() -> list[str]:
+    return ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
+            "--format=csv,noheader,nounits"]
+
+
+def cmd_service_pids(unit: str) -> list[str]:
+    return ["systemctl", "show", "-p", "ControlGroup", "--value", "--", unit]
+
+
+def cmd_plugin_check(python: str) -> list[str]:
+    return ["env", "SGLANG_PLUGINS=ddtree", python, "-c", PLUGIN_CHECK_SCRIPT]
+
+
+# ------------------------------------------------------------------ observations and parsers
+
+
+@dataclass(frozen=True)
+class UnitObs:
+    active: str = "unknown"
+    sub: str = "unknown"
+    result: str = "unknown"
+    main_status: int = 0
+    main_code: str = ""
+    main_pid: int = 0
+    restarts: int = 0
+    invocation: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.active == "failed" or self.result not in ("success", "unknown", "")
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(str(text).strip())
+    except (TypeError, ValueError):
+        return 0
+
+
+def parse_unit_state(text: str) -> UnitObs:
+    kv: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            kv[key.strip()] = value.strip()
+    return UnitObs(active=kv.get("ActiveState", "unknown"), sub=kv.get("SubState", "unknown"),
+                   result=kv.get("Result", "unknown"), main_status=_int(kv.get("ExecMainStatus")),
+                   main_code=kv.get("ExecMainCode", ""), main_pid=_int(kv.get("MainPID")),
+                   restarts=_int(kv.get("NRestarts")), invocation=kv.get("InvocationID", ""))
+
+
+_ALGO = re.compile(r"--speculative-algorithm[= ]+([A-Za-z0-9_]+)")
+_MODE_OF_ALGO = {"DDTREE": "ddtree-shadow", "DFLASH": "dflash", "NEXTN": "nextn", "EAGLE": "nextn", "EAGLE3": "nextn"}
+
+
+def parse_mode(exec_start: str) -> str | None:
+    """The profile mode a unit runs, from its ExecStart (`--speculative-algorithm X`)."""
+    m = _ALGO.search(exec_start)
+    return _MODE_OF_ALGO.get(m.group(1).upper()) if m else None
+
+
+@dataclass(frozen=True)
+class Entry:
+    message: str
+    invocation: str
+    realtime_us: int
+    pid: int
+
+
+def parse_journal_entries(text: str) -> list[Entry]:
+    from ddtree_ops.diagnose.journal import parse_json_entry
+
+    out: list[Entry] = []
+    for raw in text.splitlines():
+        if not raw.lstrip().startswith("{"):
+            continue
+        e = parse_json_entry(raw)
+        if e is None:
+            continue
+        for msg in e.messages:
+            out.append(Entry(msg, e.invocation, e.realtime_us, e.pid))
+    return out
+
+
+def split_invocations(entries: list[Entry]) -> list[tuple[str, list[Entry]]]:
+    """Entries grouped by start of the unit, oldest first (systemd's own lines join their start)."""
+    order: list[str] = []
+    groups: dict[str, list[Entry]] = {}
+    current = ""
+    for e in entries:
+        inv = e.invocation or current
+        if not inv:
+            continue
+        current = inv
+        if inv not in groups:
+            groups[inv] = []
+            order.append(inv)
+        groups[inv].append(e)
+    return [(inv, groups[inv]) for inv in order]
+
+
+@dataclass(frozen=True)
+class GpuObs:
+    index: int
+    uuid: str
+    name: str
+    total_mib: int
+    used_mib: int
+    free_mib: int
+
+
+@dataclass(frozen=True)
+class GpuAppObs:
+    gpu_uuid: str
+    pid: int
+    name: str
+    used_mib: int
+
+
+def _csv(text: str) -> list[list[str]]:
+    return [[p.strip() for p in line.split(",")] for line in text.splitlines() if line.strip()]
+
+
+def parse_gpus(text: str) -> list[GpuObs]:
+    out = []
+    for p in _csv(text):
+        if len(p) >= 6 and p[0].isdigit():
+            out.append(GpuObs(int(p[0]), p[1], p[2], _int(p[3]), _int(p[4]), _int(p[5])))
+    return out
+
+
+def parse_gpu_apps(text: str) -> list[GpuAppObs]:
+    out = []
+    for p in _csv(text):
+        if len(p) >= 4 and p[1].isdigit():
+            out.append(GpuAppObs(p[0], int(p[1]), p[2], _int(p[3])))
+    return out
+
+
+@dataclass(frozen=True)
+class PluginObs:
+    ran: bool
+    sglang: str | None = None
+    registered: bool = False
+    dflash_family: bool | None = None
+    error: str | None = None
+
+
+def parse_plugin_check(stdout: str, stderr: str = "", rc: int = 0) -> PluginObs:
+    for line in reversed(stdout.strip().splitlines()):
+        try:
+            raw = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(raw, dict):
+            return PluginObs(True, raw.get("sglang"), bool(raw.get("registered")), raw.get("dflash_family"),
+                             raw.get("error"))
+    detail = (stderr or stdout).strip()[-2000:] or f"exit status {rc}"
+    return PluginObs(False, error=detail)
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _text_config(cfg: dict[str, Any]) -> dict[str, Any]:
+    inner = cfg.get("text_config")
+    return inner if isinstance(inner, dict) else cfg
+
+
+def check_target_layer_ids(draft_cfg: dict[str, Any] | None, target_cfg: dict[str, Any] | None) -> tuple[Check, Finding | None]:
+    """The draft's dflash_config.target_layer_ids must exist and lie inside the target's layers."""
+    name = "draft target_layer_ids"
+    if draft_cfg is None or target_cfg is None:
+        which = "draft" if draft_cfg is None else "target"
+        return Check(name, "skip", f"could not read the {which} config.json"), None
+    n = _text_config(target_cfg).get("num_hidden_layers")
+    dfl = draft_cfg.get("dflash_config") if isinstance(draft_cfg.get("dflash_config"), dict) else {}
+    ids = dfl.get("target_layer_ids", draft_cfg.get("target_layer_ids"))
+    trained = dfl.get("num_target_layers", draft_cfg.get("num_target_layers"))
+    if not isinstance(n, int) or n <= 0:
+        return Check(name, "skip", "target config.json has no num_hidden_layers"), None
+    if ids is None:
+        detail = (f"the draft config has no dflash_config.target_layer_ids: SGLang picks layers by its default "
+                  f"formula for {n} target layers and acceptance collapses if the draft was trained on others")
+        return Check(name, "warn", detail), _static_finding("spec_decode_misconfig", "warning", detail)
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        detail = f"dflash_config.target_layer_ids must be a non-empty list of ints, got {ids!r}"
+        return Check(name, "fail", detail), _static_finding("spec_decode_misconfig", "fatal", detail)
+    bad = [i for i in ids if i < 0 or i >= n]
+    if bad:
+        detail = f"target_layer_ids {bad} are outside the target's {n} layers (0..{n - 1})"
+        return Check(name, "fail", detail), _static_finding("spec_decode_misconfig", "fatal", detail)
+    if isinstance(trained, int) and trained != n:
+        detail = f"the draft was trained for a {trained}-layer target, this target has {n}"
+        return Check(name, "warn", detail), _static_finding("spec_decode_misconfig", "warning", detail)
+    return Check(name, "ok", f"{ids} inside the target's {n} layers"), None
+
+
+def check_plugin(obs: PluginObs) -> tuple[Check, Finding | None]:
+    name = "DDTREE registered as DFlash-family"
+    if not obs.ran or (obs.sglang is None and obs.error):
+        detail = f"cannot import sglang with service.python: {(obs.error or '').strip().splitlines()[-1:] or ['?']}"
+        # the import error itself may name a library or ABI problem: classify it
+        sub = _classify_text(obs.error or "")
+        if sub is not None:
+            return Check(name, "fail", detail), sub
+        return Check(name, "fail", detail), _static_finding("spec_decode_misconfig", "fatal", detail,
+                                                            profile_key="service.python")
+    if not obs.registered:
+        detail = f"DDTREE is not registered (plugin not loaded): {(obs.error or '').strip()[-300:]}"
+        return Check(name, "fail", detail), _static_finding("spec_decode_misconfig", "fatal", detail,
+                                                            profile_key="service.python")
+    if not obs.dflash_family:
+        detail = ("DDTREE is registered but is_dflash_family() is False: SGLang will not configure the target's "
+                  "hidden-state capture (target_layer_ids), so the draft sees nothing")
+        return Check(name, "fail", detail), _static_finding("hidden_capture_missing", "fatal", detail,
+                                                            profile_key="service.python")
+    return Check(name, "ok", f"sglang {obs.sglang}: DDTREE is DFlash-family"), None
+
+
+def check_acceptance(report: Report, speculative: bool) -> tuple[Check, Finding | None]:
+    name = "acceptance length > 1.00"
+    vals = report.accept.recent
+    if not speculative:
+        return Check(name, "skip", "not a speculative mode"), None
+    if not vals:
+        return Check(name, "skip", "no decode reports with an accept length in this start's journal yet"), None
+    last = vals[-min(len(vals), 5):]
+    if all(v <= 1.0 for v in last):
+        detail = f"the last {len(last)} decode reports all show accept len 1.00: no drafted token is accepted"
+        return Check(name, "fail", detail), _static_finding("hidden_capture_missing", "fatal", detail,
+                                                            profile_key="service.python")
+    avg = sum(last) / len(last)
+    return Check(name, "ok" if avg > 1.1 else "warn", f"recent accept len {', '.join(f'{v:.2f}' for v in last)}"), None
+
+
+def _static_finding(label: str, severity: str, detail: str, profile_key: str = "modes.<mode>.draft_model_path") -> Finding:
+    return Finding(label=label, severity=severity, line=0, text=detail, evidence=detail,
+                   remedy=detail, profile_key=profile_key, direction=None, rule_id=f"check_{label}", role="cause")
+
+
+def _classify_text(text: str) -> Finding | None:
+    if not text.strip():
+        return None
+    sc = Scanner()
+    sc.feed(text.splitlines())
+    sc.finish()
+    rc = sc.report().root_cause
+    return rc if rc is not None and rc.label != "unclassified_crash" else None
+
+
+# ------------------------------------------------------------------ the combined diagnosis
+
+
+@dataclass(frozen=True)
+class Invocation:
+    invocation: str
+    report: Report
+    first_us: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        rc = self.report.root_cause
+        return {"invocation": self.invocation, "lines": self.report.lines, "verdict": self.report.verdict,
+                "root_cause": None if rc is None else {"label": rc.label, "line": rc.line, "evidence": rc.evidence}}
+
+
+@dataclass
+class LiveDiagnosis:
+    host: str
+    unit_name: str
+    unit: UnitObs
+    mode: str | None
+    current: Report
+    previous: list[Invocation] = field(default_factory=list)
+    kernel: Report | None = None
+    gpus: list[GpuObs] = field(default_factory=list)
+    gpu_apps: list[GpuAppObs] = field(default_factory=list)
+    service_pids: set[int] = field(default_factory=set)
+    checks: list[Check] = field(default_factory=list)
+    extra: list[Finding] = field(default_factory=list)  # from kernel, GPU and static checks
+    errors: list[str] = field(default_factory=list)
+
+    def combined(self) -> Report:
+        """One report: hardware first, then the journal's own cause, then host and static evidence."""
+        from dataclasses import replace
+
+        findings = [*self.current.findings, *self.extra]
+        hardware = [f for f in self.extra if f.hardware and f.severity == "fatal"]
+        root = (hardware[0] if hardware else self.current.root_cause
+                or choose_root([f for f in self.extra if f.severity == "fatal"]))
+        if root is None and self.unit.failed:
+            root = Finding(label="unclassified_crash", severity="fatal", line=0,
+                           text=f"unit failed: Result={self.unit.result}, ExecMainStatus={self.unit.main_status}",
+                           evidence=f"Result={self.unit.result}", remedy="Read the journal of this start; no line names the cause.",
+                           profile_key=None, direction=None, rule_id="unit_failed", role="consequence")
+            findings.append(root)
+        if root is not None:
+            verdict = "failed"
+        elif any(f.severity == "warning" for f in findings):
+            verdict = "degraded"
+        else:
+            verdict = "healthy"
+        return replace(self.current, verdict=verdict, root_cause=root, findings=findings)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host, "unit": {"name": self.unit_name, **self.unit.to_json()}, "mode": self.mode,
+            "previous_starts": [i.to_json() for i in self.previous],
+            "kernel": None if self.kernel is None else {"verdict": self.kernel.verdict,
+                                                       "findings": [f.to_json() for f in self.kernel.findings]},
+            "gpu": {"gpus": [g.__dict__ for g in self.gpus], "processes": [a.__dict__ for a in self.gpu_apps]},
+            "checks": [c.to_json() for c in self.checks],
+            "errors": self.errors,
+        }
+
+
+def _classify_entries(entries: list[Entry]) -> Report:
+    sc = Scanner()
+    sc.feed([e.message for e in entries])
+    sc.finish()
+    return sc.report()
+
+
+def _read_json(host: Host, path: str) -> dict[str, Any] | None:
+    try:
+        data = host.get(path)
+    except Exception:  # a transport error reads as "could not read"; the check says so
+        return None
+    if data is None:
+        return None
+    try:
+        doc = json.loads(data.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _pids_in_cgroup(host: Host, unit: str) -> set[int]:
+    cg = host.run(cmd_service_pids(unit), timeout=20).stdout.strip()
+    if not cg:
+        return set()
+    res = host.run(["cat", "--", f"/sys/fs/cgroup{cg}/cgroup.procs"], timeout=20)
+    return {int(x) for x in res.stdout.split() if x.isdigit()}
+
+
+def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> LiveDiagnosis:
+    unit = profile.service.unit
+    errors: list[str] = []
+    state_res = host.run(cmd_unit_state(unit), timeout=20)
+    u = parse_unit_state(state_res.stdout)
+    if not state_res.ok:
+        errors.append(f"systemctl show failed: {(state_res.stderr or state_res.stdout).strip()[-200:]}")
+    if mode is None:
+        mode = parse_mode(host.run(cmd_exec_start(unit), timeout=20).stdout)
+
+    # this start's journal, and earlier starts for context
+    recent = parse_journal_entries(host.run(cmd_journal_recent(unit), timeout=60).stdout)
+    starts = split_invocations(recent)
+    current_inv = u.invocation or (starts[-1][0] if starts else "")
+    if current_inv:
+        res = host.run(cmd_journal_invocation(unit, current_inv), timeout=60)
+        entries = parse_journal_entries(res.stdout) if res.ok else []
+        if not res.ok:
+            errors.append(f"journalctl for invocation {current_inv} failed: {res.stderr.strip()[-200:]}")
+        if not entries:
+            entries = dict(starts).get(current_inv, [])
+    else:
+        entries = [e for _, es in starts[-1:] for e in es]
+    current = _classify_entries(entries)
+    previous = [Invocation(inv, _classify_entries(es), es[0].realtime_us if es else 0)
+                for inv, es in starts if inv != current_inv][-PREVIOUS_STARTS:]
+
+    diag = LiveDiagnosis(host=host.name, unit_name=unit, unit=u, mode=mode, current=current, previous=previous,
+                         errors=errors)
+
+    # kernel log since this start: OOM killer, Xid
+    first_us = min((e.realtime_us for e in entries if e.realtime_us), default=0)
+    kres = host.run(cmd_kernel_since(first_us // 1_000_000 if first_us else None), timeout=60, sudo=True)
+    if kres.ok:
+        sc = Scanner()
+        sc.feed(kres.stdout.splitlines())
+        sc.finish()
+        diag.kernel = sc.report()
+        diag.extra += [f for f in diag.kernel.findings if f.severity in ("fatal", "warning")]
+    else:
+        diag.checks.append(Check("kernel log", "skip", (kres.stderr or kres.stdout).strip()[-200:] or "journalctl -k failed"))
+
+    # GPU snapshot; a failing nvidia-smi is evidence too (driver/library mismatch)
+    gres = host.run(cmd_gpus(), timeout=30)
+    if gres.ok:
+        diag.gpus = parse_gpus(gres.stdout)
+        diag.gpu_apps = parse_gpu_apps(host.run(cmd_gpu_apps(), timeout=30).stdout)
+        diag.service_pids = _pids_in_cgroup(host, unit) | ({u.main_pid} if u.main_pid else set())
+        strays = [a for a in diag.gpu_apps if a.pid not in diag.service_pids]
+        if strays:
+            detail = ", ".join(f"pid {a.pid} {a.name} {a.used_mib} MiB" for a in strays)
+            diag.checks.append(Check("GPU memory held by other processes", "warn", detail))
+            diag.extra.append(Finding(label="cuda_oom", severity="warning", line=0,
+                                      text=f"GPU memory held by processes outside the service: {detail}",
+                                      evidence=detail, remedy="Stop the stray processes before the next start "
+                                      "(memory they hold is not free for mem_fraction_static).",
+                                      profile_key=None, direction=None, rule_id="gpu_strays", role="cause"))
+    else:
+        detail = (gres.stderr or gres.stdout).strip()[-300:] or f"exit status {gres.rc}"
+        diag.checks.append(Check("nvidia-smi", "fail", detail))
+        sub = _classify_text(detail)
+        if sub is not None:
+            diag.extra.append(sub)
+
+    # static checks for DFlash-family modes
+    speculative = mode in ("dflash", "ddtree-shadow")
+    if speculative and mode is not None:
+        try:
+            draft_path = profile.mode(mode).draft_model_path
+        except Exception:
+            draft_path = None
+        if draft_path:
+            chk, f = check_target_layer_ids(_read_json(host, f"{draft_path}/config.json"),
+                                            _read_json(host, f"{profile.service.model_path}/config.json"))
+            diag.checks.append(chk)
+            if f is not None:
+                diag.extra.append(f)
+    if mode == "ddtree-shadow":
+        pres = host.run(cmd_plugin_check(profile.service.python), timeout=180)
+        chk, f = check_plugin(parse_plugin_check(pres.stdout, pres.stderr, pres.rc))
+        diag.checks.append(chk)
+        if f is not None:
+            diag.extra.append(f)
+    chk, f = check_acceptance(current, speculative or mode == "nextn")
+    diag.checks.append(chk)
+    if f is not None and not any(x.label == "hidden_capture_missing" for x in current.findings):
+        diag.extra.append(f)
+    return diag
+
+
+def describe_argv(argv: list[str]) -> str:
+    return shlex.join(argv)

@@ -1,0 +1,95 @@
+"""`ddtree-ops diagnose` as users run it: exit codes, stdout/stderr split, JSON contract."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+
+import pytest
+
+from ddtree_ops.cli.app import main
+from diagnose_helpers import CORPUS, FIXTURES
+
+
+def run(argv: list[str], capsys: pytest.CaptureFixture[str], stdin: bytes | None = None,
+        monkeypatch: pytest.MonkeyPatch | None = None) -> tuple[int, str, str]:
+    if stdin is not None and monkeypatch is not None:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    out, err = capsys.readouterr()
+    return int(exc.value.code or 0), out, err
+
+
+def test_failure_exits_2_with_cause_and_remedy(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(["diagnose", "--log", str(CORPUS / "043-kv_pool_too_small.log")], capsys)
+    assert rc == 2
+    assert out == ""  # people's text goes to stderr
+    assert "kv_pool_too_small" in err and "line 14" in err and "RAISE memory.mem_fraction_static" in err
+
+
+def test_healthy_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(["diagnose", "--log", str(FIXTURES / "synthetic-healthy-full-startup.log")], capsys)
+    assert rc == 0 and "HEALTHY" in err
+
+
+def test_warnings_only_exit_1(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "w.log"
+    log.write_text("[2026-01-10 09:00:20 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1\n")
+    rc, _, err = run(["diagnose", "--log", str(log)], capsys)
+    assert rc == 1 and "DEGRADED" in err
+
+
+def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(["diagnose", "--log", str(CORPUS / "016-cuda_oom.log"), "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 2
+    assert doc["schema_version"] == 1 and doc["verdict"] == "failed"
+    rcause = doc["root_cause"]
+    assert {"label", "line", "evidence", "remedy"} <= rcause.keys()
+    assert rcause["label"] == "cuda_oom" and rcause["line"] == 1 and rcause["direction"] == "lower"
+    assert isinstance(doc["findings"], list) and doc["findings"]
+
+
+def test_json_healthy_has_null_root_cause(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(["diagnose", "--log", str(CORPUS / "010-benign_warning.log"), "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 0 and doc["root_cause"] is None and doc["verdict"] == "healthy"
+
+
+def test_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    data = (CORPUS / "030-port_bind_error.log").read_bytes()
+    rc, out, _ = run(["diagnose", "--log", "-", "--json"], capsys, stdin=data, monkeypatch=monkeypatch)
+    assert rc == 2 and json.loads(out)["root_cause"]["label"] == "port_bind_error"
+
+
+@pytest.mark.parametrize("make", ["missing", "directory", "empty"])
+def test_unreadable_exits_3_without_traceback(make: str, tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = {"missing": tmp_path / "nope.log", "directory": tmp_path, "empty": tmp_path / "empty.log"}[make]
+    if make == "empty":
+        path.write_bytes(b"")
+    rc, out, err = run(["diagnose", "--log", str(path)], capsys)
+    assert rc == 3 and out == "" and "Traceback" not in err and "error:" in err
+
+
+@pytest.mark.parametrize("argv", [["diagnose"], ["diagnose", "ct129", "--log", "x.log"]])
+def test_usage_errors_are_64(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(argv, capsys)
+    assert rc == 64 and "exactly one of HOST or --log" in err
+
+
+def test_binary_junk_file_is_read(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "junk.bin"
+    log.write_bytes(bytes(range(256)) * 4000 + b"\nRuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
+    rc, _, err = run(["diagnose", "--log", str(log)], capsys)
+    assert rc == 2 and "cuda_oom" in err
+
+
+def test_module_level_imports_stay_light() -> None:
+    import subprocess
+
+    code = ("import sys, ddtree_ops.cli.diagnose; "
+            "print(','.join(m for m in ('rich', 'yaml', 'ddtree_ops.diagnose.classify', 'paramiko') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == ""

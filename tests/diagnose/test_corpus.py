@@ -1,0 +1,119 @@
+"""Every real log in ../shared/logcorpus and every synthetic fixture, in three forms each.
+
+The label, the line and the evidence are what an operator reads first; each is asserted against
+INDEX.md (real logs) or the fixture's name (synthetic ones).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.diagnose.classify import classify
+from diagnose_helpers import (QUIET, as_journal_json, as_journald, corpus_logs, index_evidence, label_of,
+                                     raw_lines, synthetic_logs)
+
+FORMS = ("raw", "journald", "json", "json-bytes")
+LOGS = corpus_logs() + synthetic_logs()
+
+
+def _wrapped(path: Path, form: str) -> list[bytes]:
+    lines = raw_lines(path)
+    if form == "journald":
+        return as_journald(lines)
+    if form == "json":
+        return as_journal_json(lines)
+    if form == "json-bytes":
+        return as_journal_json(lines, byte_arrays=True)
+    return lines
+
+
+def test_corpus_is_present() -> None:
+    # CI has ../shared/logcorpus at the same relative path; an empty corpus would pass vacuously
+    assert len(corpus_logs()) >= 18
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("path", LOGS, ids=[p.name for p in LOGS])
+def test_root_cause_label(path: Path, form: str) -> None:
+    expected = label_of(path)
+    report = classify(_wrapped(path, form))
+    if expected in QUIET:
+        assert report.root_cause is None, report.root_cause
+        assert report.verdict == "healthy"
+        assert not report.fatal
+    else:
+        assert report.root_cause is not None, [f.rule_id for f in report.findings]
+        assert report.root_cause.label == expected, (report.root_cause.rule_id, report.root_cause.text)
+        assert report.verdict == "failed"
+
+
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("path", LOGS, ids=[p.name for p in LOGS])
+def test_evidence_line_is_the_input_line(path: Path, form: str) -> None:
+    """`line` is 1-based in the input as given, whatever wrapping it came in."""
+    report = classify(_wrapped(path, form))
+    lines = raw_lines(path)
+    for f in report.findings:
+        if f.line == 0:
+            continue
+        original = lines[f.line - 1].decode("utf-8", "replace")
+        assert f.evidence.strip()[:60] in original or f.rule_id == "python_exception", (f, original)
+
+
+@pytest.mark.parametrize("path", corpus_logs(), ids=[p.name for p in corpus_logs()])
+def test_evidence_matches_index(path: Path) -> None:
+    """The line named as the cause holds the evidence substring the corpus index gives."""
+    expected = index_evidence().get(path.name)
+    if expected is None or label_of(path) in QUIET:
+        pytest.skip("no failure evidence for this log")
+    rc = classify(raw_lines(path)).root_cause
+    assert rc is not None and expected in rc.text, (expected, rc)
+
+
+def test_remedy_direction_for_memory() -> None:
+    """The trap the tool exists for: startup 'Not enough memory' RAISES mem_fraction_static, CUDA OOM LOWERS it."""
+    from diagnose_helpers import CORPUS
+
+    kv = classify(raw_lines(CORPUS / "043-kv_pool_too_small.log")).root_cause
+    oom = classify(raw_lines(CORPUS / "016-cuda_oom.log")).root_cause
+    assert kv is not None and kv.profile_key == "memory.mem_fraction_static" and kv.direction == "raise"
+    assert oom is not None and oom.profile_key == "memory.mem_fraction_static" and oom.direction == "lower"
+
+
+def test_possible_solutions_hint_does_not_make_a_capture_failure_a_memory_problem() -> None:
+    from diagnose_helpers import FIXTURES
+
+    rc = classify(raw_lines(FIXTURES / "synthetic-cuda_graph_capture-wrapper-only.log")).root_cause
+    assert rc is not None and rc.label == "cuda_graph_capture" and rc.profile_key == "memory.cuda_graph"
+
+
+def test_hardware_xid_says_do_not_roll_back() -> None:
+    from diagnose_helpers import FIXTURES
+
+    rc = classify(raw_lines(FIXTURES / "synthetic-unclassified_crash-xid-hardware.log")).root_cause
+    assert rc is not None and rc.hardware and "do not roll back" in rc.remedy
+
+
+def test_memory_lines_are_parsed_into_numbers() -> None:
+    from diagnose_helpers import FIXTURES
+
+    rep = classify(raw_lines(FIXTURES / "synthetic-healthy-full-startup.log"))
+    m = rep.memory
+    assert (m.kv_tokens, m.k_size_gb, m.v_size_gb) == (141312, 9.70, 9.70)
+    assert m.max_total_num_tokens == 141312 and m.available_gpu_mem_gb == 9.45
+    assert m.weights_gb == 15.36 and m.cuda_graph_gb == 0.35 and m.context_len == 32768
+    assert rep.ready_line == 20
+    assert rep.accept.recent == (3.41,)
+
+
+def test_accept_len_streak_broken_by_a_good_report_is_not_a_failure() -> None:
+    line = ("[2026-01-10 09:00:20 TP0] Decode batch, #running-req: 1, #token: 310, token usage: 0.00, "
+            "accept len: {}, accept rate: 0.00, cuda graph: True, gen throughput (token/s): 31.02, #queue-req: 0, ")
+    values = ["1.00", "1.00", "2.40", "1.00", "1.00", "3.10"]
+    rep = classify([line.format(v) for v in values])
+    assert rep.root_cause is None
+    stuck = classify([line.format(v) for v in ["2.10", "1.00", "1.00", "1.00"]])
+    assert stuck.root_cause is not None and stuck.root_cause.label == "hidden_capture_missing"
+    assert stuck.root_cause.line == 4

@@ -1,0 +1,60 @@
+"""Prefix stripping, journal JSON and traceback grouping (pure helpers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ddtree_ops.diagnose.journal import TracebackTracker, clean_line, json_messages, looks_like_json_journal
+
+
+@pytest.mark.parametrize("raw, text", [
+    ("Nov 29 07:29:01 ct129 sglang-ddtree[41231]: RuntimeError: boom", "RuntimeError: boom"),
+    ("Nov  9 07:29:01.123456 ct129 python3[7]: x y", "x y"),
+    ("2025-11-29T07:29:01+0000 ct129 kernel: NVRM: Xid (PCI:0000:01:00): 79", "NVRM: Xid (PCI:0000:01:00): 79"),
+    ("Sat 2025-11-29 07:29:01 UTC ct129 sglang[1]: hello", "hello"),
+    # a container timestamp followed by "LEVEL target:" reads like short-iso "host ident:": both are prefixes
+    ("2023-02-20T06:44:19.335010Z ERROR text_generation_launcher: Download", "Download"),
+    ("2023-02-20T06:44:19.335010Z RuntimeError: CUDA error", "RuntimeError: CUDA error"),
+    ("[26002.108918] Out of memory: Killed process 576419 (python)", "Out of memory: Killed process 576419 (python)"),
+    ("(WorkerDict pid=859188) RuntimeError: CUDA error", "RuntimeError: CUDA error"),
+    ("(pid=12, ip=10.0.0.1) [2025-05-23 18:02:42] Received sigquit", "Received sigquit"),
+    ("[rank0]: RuntimeError: CUDA error: no kernel image", "RuntimeError: CUDA error: no kernel image"),
+    ("sglang-1  | [2025-02-17 10:13:46 TP4] Scheduler hit an exception:", "Scheduler hit an exception:"),
+    ("(VllmWorkerProcess pid=195295) ERROR 03-02 19:49:43 [multiproc_worker_utils.py:242] torch.OutOfMemoryError: x",
+     "torch.OutOfMemoryError: x"),
+    ("Nov 29 07:29:01 ct129 u[1]:     raise RuntimeError(", "    raise RuntimeError("),
+])
+def test_prefixes_are_stripped(raw: str, text: str) -> None:
+    assert clean_line(raw)[0] == text
+
+
+def test_a_record_prefix_marks_a_new_record() -> None:
+    assert clean_line("[2025-02-17 10:13:46 TP4] Decode batch")[1] is True
+    assert clean_line("  File \"x.py\", line 1, in f")[1] is False
+
+
+def test_json_message_byte_arrays_and_multiline() -> None:
+    entry = {"MESSAGE": list("caf\u00e9 ".encode() + b"\xff"), "_PID": "1"}
+    assert json_messages(json.dumps(entry)) == ["caf\u00e9 \ufffd"]
+    assert json_messages(json.dumps({"MESSAGE": "a\nb"})) == ["a", "b"]
+    assert json_messages("{not json") is None
+    assert json_messages(json.dumps({"NO_MESSAGE": 1})) is None
+    assert looks_like_json_journal(b'\n{"MESSAGE": "x"}\n')
+    assert not looks_like_json_journal(b"Nov 29 07:29:01 h u[1]: {\"MESSAGE\": 1}")
+
+
+def test_traceback_groups_chain_and_close() -> None:
+    tb = TracebackTracker()
+    lines = [
+        "Traceback (most recent call last):", '  File "/a/server_args.py", line 1, in f', "    g()",
+        "RuntimeError: first", "", "During handling of the above exception, another exception occurred:", "",
+        "Traceback (most recent call last):", '  File "/b.py", line 2, in h', "Exception: second",
+        "", "[2025-01-01 00:00:00] next record",
+    ]
+    kinds = [tb.step(t, t.startswith("[2025"), i + 1) for i, t in enumerate(lines)]
+    assert [k for _, k in kinds][:4] == ["header", "frame", "code", "exc"]
+    assert {g for g, _ in kinds[:11]} == {1}  # one group across the chain
+    assert kinds[11] == (None, "other") and not tb.open
+    assert tb.frames == ["/b.py"] or "/a/server_args.py" in tb.frames + ["/a/server_args.py"]

@@ -1,0 +1,200 @@
+"""`diagnose HOST` against a fake Host that returns canned command output (GCM style)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ddtree_ops.diagnose import live
+from ddtree_ops.host import Result
+from diagnose_helpers import FIXTURES, as_journal_json, raw_lines
+
+INV = "0123456789abcdef"
+
+
+@dataclass
+class FakeHost:
+    """Canned Results keyed by argv; files by path. Unknown commands fail like a missing binary."""
+
+    name: str = "ct129"
+    results: dict[tuple[str, ...], Result] = field(default_factory=dict)
+    files: dict[str, bytes] = field(default_factory=dict)
+    calls: list[tuple[str, ...]] = field(default_factory=list)
+
+    def on(self, argv: list[str], stdout: str = "", rc: int = 0, stderr: str = "") -> None:
+        self.results[tuple(argv)] = Result(tuple(argv), rc, stdout, stderr)
+
+    def run(self, argv: Any, *, stdin: bytes | None = None, timeout: float = 60.0, sudo: bool = False) -> Result:
+        self.calls.append(tuple(argv))
+        return self.results.get(tuple(argv), Result(tuple(argv), 127, "", f"{argv[0]}: command not found"))
+
+    def get(self, path: str) -> bytes | None:
+        return self.files.get(path)
+
+    def put(self, path: str, data: bytes, *, mode: int = 0o644) -> None:  # pragma: no cover - unused
+        self.files[path] = data
+
+    def http(self, *a: Any, **k: Any) -> Any:  # pragma: no cover - unused
+        raise AssertionError("diagnose does not need HTTP")
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture()
+def profile() -> Any:
+    from ddtree_ops.profile import load_profile
+
+    return load_profile("ct129")
+
+
+def _host(profile: Any, fixture: str, *, unit_result: str = "exit-code", exec_start: str = "--speculative-algorithm DDTREE",
+          kernel: str = "", smi: tuple[str, int, str] = ("0, GPU-1, NVIDIA RTX A6000, 49140, 120, 49020", 0, ""),
+          apps: str = "", plugin: dict[str, Any] | None = None, draft_cfg: dict[str, Any] | None = None) -> FakeHost:
+    unit = profile.service.unit
+    h = FakeHost()
+    h.on(live.cmd_unit_state(unit), f"Result={unit_result}\nExecMainStatus=1\nNRestarts=2\nInvocationID={INV}\n"
+                                     "ActiveState=failed\nSubState=failed\nMainPID=0\n")
+    h.on(live.cmd_exec_start(unit), f"{{ path=/opt/venv/bin/python ; argv[]=python -m sglang.launch_server {exec_start} ; }}")
+    journal = b"\n".join(as_journal_json(raw_lines(FIXTURES / fixture))).decode()
+    old = json.dumps({"MESSAGE": "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.",
+                      "_SYSTEMD_INVOCATION_ID": "00000000old", "__REALTIME_TIMESTAMP": "1766000000000000"})
+    h.on(live.cmd_journal_recent(unit), old + "\n" + journal)
+    h.on(live.cmd_journal_invocation(unit, INV), journal)
+    h.on(live.cmd_kernel_since(1767000000), kernel)
+    h.on(live.cmd_gpus(), smi[0], rc=smi[1], stderr=smi[2])
+    h.on(live.cmd_gpu_apps(), apps)
+    h.on(live.cmd_service_pids(unit), "")
+    h.on(live.cmd_plugin_check(profile.service.python),
+         json.dumps(plugin or {"sglang": "0.5.23", "registered": True, "dflash_family": True, "error": None}))
+    h.files[f"{profile.service.model_path}/config.json"] = json.dumps({"num_hidden_layers": 36}).encode()
+    draft = profile.mode("ddtree-shadow").draft_model_path
+    h.files[f"{draft}/config.json"] = json.dumps(
+        draft_cfg if draft_cfg is not None else {"num_hidden_layers": 5, "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33]}}).encode()
+    return h
+
+
+def test_commands_are_data() -> None:
+    assert live.cmd_unit_state("s.service") == [
+        "systemctl", "show", "-p", "Result,ExecMainStatus,NRestarts,InvocationID,ActiveState,SubState,MainPID,"
+        "ExecMainPID,ExecMainCode", "--", "s.service"]
+    assert live.cmd_kernel_since(1700000000) == ["journalctl", "-k", "--since", "@1700000000", "-o", "short-iso", "--no-pager"]
+    assert live.cmd_journal_invocation("s.service", "abc")[-3:] == ["+", "UNIT=s.service", "INVOCATION_ID=abc"]
+    assert live.cmd_plugin_check("/opt/venv/bin/python")[:3] == ["env", "SGLANG_PLUGINS=ddtree", "/opt/venv/bin/python"]
+
+
+def test_journal_cause_with_previous_starts(profile: Any) -> None:
+    h = _host(profile, "synthetic-kv_pool_too_small-weights-leave-no-memory.log")
+    diag = live.diagnose_host(h, profile)
+    rep = diag.combined()
+    assert rep.verdict == "failed" and rep.root_cause is not None
+    assert rep.root_cause.label == "kv_pool_too_small" and rep.root_cause.direction == "raise"
+    assert diag.mode == "ddtree-shadow" and diag.unit.restarts == 2
+    assert [i.report.root_cause.label for i in diag.previous if i.report.root_cause] == ["kv_pool_too_small"]
+    assert diag.current.memory.weights_gb == 44.80
+
+
+def test_hardware_xid_wins_over_the_software_symptom(profile: Any) -> None:
+    kernel = "2026-01-10T09:20:00+0000 ct129 kernel: NVRM: Xid (PCI:0000:01:00): 79, pid=41231, GPU has fallen off the bus.\n"
+    h = _host(profile, "synthetic-illegal_memory_access-nccl-watchdog.log", kernel=kernel)
+    rep = live.diagnose_host(h, profile).combined()
+    assert rep.root_cause is not None and rep.root_cause.hardware
+    assert "do not roll back the software" in rep.root_cause.remedy
+
+
+def test_kernel_oom_explains_a_silent_death(profile: Any, tmp_path: Any) -> None:
+    kernel = ("2026-01-10T09:01:02+0000 ct129 kernel: python invoked oom-killer: gfp_mask=0x140cca\n"
+              "2026-01-10T09:01:02+0000 ct129 kernel: Out of memory: Killed process 41231 (python) total-vm:78521468kB\n")
+    h = _host(profile, "synthetic-healthy-full-startup.log", kernel=kernel)
+    rep = live.diagnose_host(h, profile).combined()
+    assert rep.root_cause is not None and rep.root_cause.label == "host_oom"
+
+
+def test_ddtree_not_dflash_family_is_hidden_capture_missing(profile: Any) -> None:
+    h = _host(profile, "synthetic-healthy-full-startup.log",
+              plugin={"sglang": "0.5.23", "registered": True, "dflash_family": False, "error": None})
+    diag = live.diagnose_host(h, profile)
+    rep = diag.combined()
+    assert rep.root_cause is not None and rep.root_cause.label == "hidden_capture_missing"
+    assert any(c.name.startswith("DDTREE") and c.status == "fail" for c in diag.checks)
+
+
+def test_sglang_import_failure_is_a_finding_not_a_crash(profile: Any) -> None:
+    h = _host(profile, "synthetic-healthy-full-startup.log",
+              plugin={"sglang": None, "registered": False, "dflash_family": None,
+                      "error": "ImportError: libcudart.so.12: cannot open shared object file: No such file or directory"})
+    rep = live.diagnose_host(h, profile).combined()
+    assert rep.root_cause is not None and rep.root_cause.label == "cuda_lib_load"
+
+
+@pytest.mark.parametrize("cfg, status, label", [
+    ({"num_hidden_layers": 5, "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 40]}}, "fail", "spec_decode_misconfig"),
+    ({"num_hidden_layers": 5, "dflash_config": {}}, "warn", "spec_decode_misconfig"),
+    ({"num_hidden_layers": 5, "dflash_config": {"target_layer_ids": [1, 9, 17, 25, 33]}}, "ok", None),
+])
+def test_target_layer_ids_against_target_layers(profile: Any, cfg: dict[str, Any], status: str, label: str | None) -> None:
+    h = _host(profile, "synthetic-healthy-full-startup.log", draft_cfg=cfg)
+    diag = live.diagnose_host(h, profile)
+    check = next(c for c in diag.checks if c.name == "draft target_layer_ids")
+    assert check.status == status
+    assert [f.label for f in diag.extra if f.rule_id.startswith("check_")][:1] == ([label] if label else [])
+
+
+def test_accept_len_stuck_at_one(profile: Any) -> None:
+    h = _host(profile, "synthetic-hidden_capture_missing-accept-len-stuck.log")
+    diag = live.diagnose_host(h, profile)
+    rep = diag.combined()
+    assert rep.root_cause is not None and rep.root_cause.label == "hidden_capture_missing"
+    assert any(c.name.startswith("acceptance") and c.status == "fail" for c in diag.checks)
+
+
+def test_nvidia_smi_failure_is_classified(profile: Any) -> None:
+    h = _host(profile, "synthetic-healthy-full-startup.log",
+              smi=("", 18, "Failed to initialize NVML: Driver/library version mismatch"))
+    diag = live.diagnose_host(h, profile)
+    assert any(f.label == "cuda_driver_incompatible" for f in diag.extra)
+
+
+def test_stray_gpu_process_is_reported(profile: Any) -> None:
+    h = _host(profile, "synthetic-healthy-full-startup.log", unit_result="success",
+              apps="GPU-1, 999, python3, 30000\n")
+    diag = live.diagnose_host(h, profile)
+    assert any(c.name.startswith("GPU memory held") and "pid 999" in c.detail for c in diag.checks)
+
+
+def test_cli_host_uses_the_ssh_layer(profile: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from contextlib import contextmanager
+
+    import ddtree_ops.cli._common as common
+    from ddtree_ops.cli.app import main
+
+    h = _host(profile, "synthetic-cuda_oom-nested-in-capture.log")
+
+    @contextmanager
+    def fake_connect(p: Any, ssh_config: Any) -> Any:
+        yield h
+
+    monkeypatch.setattr(common, "connect", fake_connect)
+    with pytest.raises(SystemExit) as exc:
+        main(["diagnose", "ct129", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert exc.value.code == 2
+    assert doc["root_cause"]["label"] == "cuda_oom" and doc["unit"]["NRestarts" if False else "restarts"] == 2
+    assert doc["schema_version"] == 1 and any(c["name"].startswith("DDTREE") for c in doc["checks"])
+
+
+def test_cli_host_unreachable_exits_3(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import ddtree_ops.cli._common as common
+    from ddtree_ops.cli.app import main
+    from ddtree_ops.host import HostUnreachable
+
+    def refuse(p: Any, ssh_config: Any) -> Any:
+        raise HostUnreachable("cannot connect to ct129:22 (connection refused)")
+
+    monkeypatch.setattr(common, "connect", refuse)
+    with pytest.raises(SystemExit) as exc:
+        main(["diagnose", "ct129"])
+    assert exc.value.code == 3 and "connection refused" in capsys.readouterr().err

@@ -1,0 +1,106 @@
+"""The deploy gate feeds the Scanner a poll's worth of lines at a time: chunking must not matter."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ddtree_ops.diagnose.classify import Report, Scanner, classify, classify_bytes
+from diagnose_helpers import FIXTURES, as_journal_json, as_journald, corpus_logs, raw_lines, synthetic_logs
+
+LOGS = corpus_logs() + synthetic_logs()
+ALL_LINES = [(p.name, raw_lines(p)) for p in LOGS]
+
+
+def _key(r: Report) -> tuple:
+    rc = r.root_cause
+    return (r.verdict, None if rc is None else (rc.label, rc.line, rc.rule_id),
+            [(f.rule_id, f.line, f.severity) for f in r.findings], r.lines, r.accept.recent, r.memory)
+
+
+def _chunked(lines: list[bytes], cuts: list[int]) -> Report:
+    sc = Scanner()
+    start = 0
+    for c in sorted(set(cuts)) + [len(lines)]:
+        if c > start:
+            sc.feed(lines[start:c])
+            start = c
+    sc.finish()
+    return sc.report()
+
+
+@settings(max_examples=60, deadline=None)
+@given(which=st.integers(0, len(ALL_LINES) - 1), cuts=st.lists(st.integers(0, 60), max_size=12),
+       journald=st.booleans())
+def test_chunks_give_the_same_report(which: int, cuts: list[int], journald: bool) -> None:
+    _, lines = ALL_LINES[which]
+    if journald:
+        lines = as_journald(lines)
+    assert _key(_chunked(lines, cuts)) == _key(classify(lines))
+
+
+def test_traceback_split_line_by_line_keeps_its_cause() -> None:
+    """A poll boundary after 'Traceback' must not turn the header into an unexplained crash."""
+    lines = raw_lines(FIXTURES / "synthetic-hidden_capture_missing-prefill-none.log")
+    sc = Scanner()
+    seen = []
+    for i, ln in enumerate(lines):
+        seen += sc.feed([ln])
+        if i < 8:  # before the exception line arrives, nothing fatal is claimed
+            assert sc.first_fatal is None or sc.first_fatal.label != "unclassified_crash" or i >= 8
+    sc.finish()
+    rep = sc.report()
+    assert rep.root_cause is not None and rep.root_cause.label == "hidden_capture_missing"
+    assert sc.first_fatal is not None
+    assert {f.rule_id for f in seen} >= {"dflash_hidden_capture_missing"}
+
+
+def test_feed_returns_only_new_findings() -> None:
+    lines = raw_lines(FIXTURES / "synthetic-host_oom-systemd.log")
+    sc = Scanner()
+    first = sc.feed(lines[:2])
+    second = sc.feed(lines[2:])
+    assert [f.line for f in first] == [2]
+    assert sorted(f.line for f in second) == [3, 4]
+    assert sc.first_fatal is not None and sc.first_fatal.line == 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(which=st.integers(0, len(ALL_LINES) - 1), sizes=st.lists(st.integers(1, 700), min_size=1, max_size=30))
+def test_byte_blocks_split_anywhere(which: int, sizes: list[int]) -> None:
+    """Reading a file in blocks that cut lines (and UTF-8 characters) in half changes nothing."""
+    name, lines = ALL_LINES[which]
+    data = b"\n".join(lines) + b"\n"
+    sc = Scanner()
+    pos = 0
+    i = 0
+    while pos < len(data):
+        n = sizes[i % len(sizes)]
+        sc.feed_bytes(data[pos:pos + n])
+        pos += n
+        i += 1
+    sc.finish()
+    assert _key(sc.report()) == _key(classify_bytes(data)), name
+
+
+def test_json_journal_in_blocks() -> None:
+    lines = as_journal_json(raw_lines(FIXTURES / "synthetic-cuda_oom-nested-in-capture.log"), byte_arrays=True)
+    data = b"\n".join(lines) + b"\n"
+    sc = Scanner()
+    for i in range(0, len(data), 333):
+        sc.feed_bytes(data[i:i + 333])
+    sc.finish()
+    rc = sc.report().root_cause
+    assert rc is not None and rc.label == "cuda_oom" and rc.line == 5
+
+
+def test_gate_style_messages_without_prefixes() -> None:
+    """The gate passes journal MESSAGE strings (already unwrapped), one poll at a time."""
+    lines = [ln.decode() for ln in raw_lines(Path(FIXTURES / "synthetic-kv_pool_too_small-weights-leave-no-memory.log"))]
+    sc = Scanner()
+    for chunk in (lines[:1], lines[1:3], lines[3:]):
+        sc.feed(chunk)
+    rc = sc.report().root_cause
+    assert rc is not None and rc.label == "kv_pool_too_small" and rc.direction == "raise"
