@@ -106,10 +106,11 @@ def healthy_now(host: Host, p: Profile) -> tuple[bool, str]:
 
 
 def install(host: Host, layout: Layout, unit_path: str, unit_text: str, env_path: str, env_text: str,
-            unit: str) -> str | None:
+            unit: str) -> tuple[str | None, str]:
     """Env first (the unit names it), then the unit; each written beside and renamed, and only
     when its bytes differ (a rollback after a failed write then has nothing to rewrite).
-    Returns the journal cursor taken just before the restart: the gate reads this start only."""
+    Returns the journal cursor and the InvocationID taken just before the restart: the gate reads
+    and judges this start only."""
     from ddtree_ops.observe import read_files
 
     # staging files left by a run whose connection dropped between write and rename
@@ -124,8 +125,9 @@ def install(host: Host, layout: Layout, unit_path: str, unit_text: str, env_path
     host.run(remote.reset_failed(unit), sudo=True, timeout=20)
     host.run(remote.enable(unit), sudo=True, timeout=30)
     cursor = journal_cursor(host, unit)
+    before = unit_state(host, unit).invocation
     host.run(remote.restart(unit), sudo=True, timeout=60).check(f"systemctl restart {unit}")
-    return cursor
+    return cursor, before
 
 
 def _progress(label: str) -> Callable[[gating.GateState, gating.Observation], None]:
@@ -166,11 +168,13 @@ def rollback_to(host: Host, p: Profile, layout: Layout, release_id: str, *, why:
     output.say(f"{host.name}: rolling back to {release_id} ({mode}): {why}", style="bold yellow")
     releases.write_pending(host, layout, release_id=release_id, previous=releases.read_text(host, layout.current),
                            action="rollback")
-    cursor = install(host, layout, meta.get("unit_path", f"/etc/systemd/system/{p.service.unit}"), unit_text,
-                     meta.get("env_path", f"{p.service.env_dir}/{p.service.unit.removesuffix('.service')}.env"),
-                     env_text, p.service.unit)
+    cursor, before = install(host, layout, meta.get("unit_path", f"/etc/systemd/system/{p.service.unit}"),
+                             unit_text,
+                             meta.get("env_path", f"{p.service.env_dir}/{p.service.unit.removesuffix('.service')}.env"),
+                             env_text, p.service.unit)
     releases.audit(host, layout, f"rollback {p.name} release={release_id} reason={why!r}")
-    result = gating.run_gate(host, p, mode, cursor=cursor, on_progress=_progress("rollback"))
+    result = gating.run_gate(host, p, mode, cursor=cursor, previous_invocation=before,
+                             on_progress=_progress("rollback"))
     if result.passed:
         releases.mark(host, layout.current, release_id)
         releases.clear_pending(host, layout)
@@ -323,11 +327,12 @@ def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
         releases.audit(host, layout, f"deploy {p.name} release={rendered.release_id} mode={mode} start")
         touched = True
         t_install = time.monotonic()
-        cursor = install(host, layout, rendered.unit_path, rendered.unit_text, rendered.env_path,
-                         rendered.env_text, p.service.unit)
+        cursor, before = install(host, layout, rendered.unit_path, rendered.unit_text, rendered.env_path,
+                                 rendered.env_text, p.service.unit)
         out.timings["install"] = time.monotonic() - t_install
         output.say(f"{p.name}: installed {rendered.release_id}, restarting {p.service.unit}; gating")
-        result = gating.run_gate(host, p, mode, cursor=cursor, on_progress=_progress(mode))
+        result = gating.run_gate(host, p, mode, cursor=cursor, previous_invocation=before,
+                                 on_progress=_progress(mode))
         out.gate = result
         out.timings["gate"] = result.elapsed_s
         if result.passed:

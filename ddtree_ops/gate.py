@@ -71,6 +71,7 @@ class GateConfig:
 class GateState:
     cfg: GateConfig
     scanner: Any  # ddtree_ops.diagnose.classify.Scanner: incremental journal classification
+    previous_invocation: str = ""  # the start before our restart: its state is not ours to judge
     phase: Phase = Phase.STARTING
     first_unit: UnitState | None = None
     ready_at: float | None = None
@@ -94,6 +95,12 @@ class GateState:
     def step(self, obs: Observation) -> Status:
         if self.status is not Status.WAIT:
             return self.status
+        if self.previous_invocation and obs.unit.invocation == self.previous_invocation:
+            # `restart --no-block` is queued but systemd has not started the new process yet
+            if obs.t >= self.cfg.deadline_s:
+                return self._fail(f"systemd did not restart the unit within {self.cfg.deadline_s:g}s "
+                                  f"({obs.unit.describe()})")
+            return self.status
         self.lines.extend(obs.lines)
         # the journal first: its first fatal line names the cause better than the unit state does
         for finding in self.scanner.feed([ln.message for ln in obs.lines]):
@@ -116,7 +123,9 @@ class GateState:
                 return self._fail(f"systemd restarted the service (NRestarts {first.restarts} -> {u.restarts})")
             if u.invocation and u.invocation != first.invocation:
                 return self._fail("the service was started again (new invocation) during the gate")
-            if first.main_pid and u.main_pid and u.main_pid != first.main_pid:
+            if first.main_pid and u.main_pid != first.main_pid:
+                if not u.main_pid:
+                    return self._fail(f"the main process {first.main_pid} exited ({u.describe()})")
                 return self._fail(f"the main process changed ({first.main_pid} -> {u.main_pid})")
         if self.phase is Phase.STARTING:
             if obs.health == 200:
@@ -153,6 +162,9 @@ def _line_for(lines: list[JournalLine], finding: Any) -> JournalLine | None:
 
 
 def smoke_request(host: Host, p: Profile, *, speculative: bool, timeout: float) -> SmokeResult:
+    """The profile's smoke request; for speculative modes, proof that drafts are being accepted."""
+    from ddtree_ops.smoke import parse_generate
+
     body = {"text": p.smoke.prompt,
             "sampling_params": {"temperature": 0, "max_new_tokens": p.smoke.max_new_tokens}}
     try:
@@ -161,27 +173,21 @@ def smoke_request(host: Host, p: Profile, *, speculative: bool, timeout: float) 
         return SmokeResult(False, str(exc))
     if resp.status != 200:
         return SmokeResult(False, f"/generate answered {resp.status}: {resp.text[:200]}", resp.elapsed_s)
-    try:
-        doc = resp.json()
-    except ValueError:
-        return SmokeResult(False, f"/generate answered 200 with a non-JSON body: {resp.text[:120]!r}", resp.elapsed_s)
-    text = str(doc.get("text", ""))
-    meta = doc.get("meta_info") or {}
-    verify_ct = meta.get("spec_verify_ct")
-    accept = meta.get("spec_accept_length")
-    if accept is None and verify_ct:
-        accept = float(meta.get("completion_tokens", 0)) / float(verify_ct)
-    if not text.strip():
-        return SmokeResult(False, "/generate returned empty text", resp.elapsed_s, text, verify_ct, accept)
+    gen = parse_generate(resp.body)
+    result = (gen.text, gen.verify_ct, gen.accept_len)
+    if gen.problem:
+        return SmokeResult(False, f"/generate {gen.problem}", resp.elapsed_s, *result)
+    if not gen.text.strip():
+        return SmokeResult(False, "/generate returned empty text", resp.elapsed_s, *result)
     if speculative:
-        if not verify_ct:
+        if not gen.verify_ct:
             return SmokeResult(False, "no speculative verify steps (spec_verify_ct is 0 or missing): "
-                               "the server is not running speculative decoding", resp.elapsed_s, text, verify_ct, accept)
-        if accept is None or float(accept) <= 1.0:
-            return SmokeResult(False, f"acceptance length {accept} is not above 1.00: the draft path is broken",
-                               resp.elapsed_s, text, verify_ct, accept)
-    detail = f"{resp.elapsed_s:.2f}s" + (f", accept length {float(accept):.2f}" if accept is not None else "")
-    return SmokeResult(True, detail, resp.elapsed_s, text, verify_ct, float(accept) if accept is not None else None)
+                               "the server is not running speculative decoding", resp.elapsed_s, *result)
+        if gen.accept_len is None or gen.accept_len <= 1.0:
+            return SmokeResult(False, f"acceptance length {gen.accept_len} is not above 1.00: the draft path "
+                               "is broken", resp.elapsed_s, *result)
+    detail = f"{resp.elapsed_s:.2f}s" + (f", accept length {gen.accept_len:.2f}" if gen.accept_len else "")
+    return SmokeResult(True, detail, resp.elapsed_s, *result)
 
 
 def _joined(first: list[str], second: list[str]) -> list[str]:
@@ -216,7 +222,7 @@ def is_speculative(p: Profile, mode: str) -> bool:
     return p.mode(mode).algorithm != "NONE"
 
 
-def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None,
+def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None, previous_invocation: str = "",
              on_progress: Callable[[GateState, Observation], None] | None = None,
              clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
              deadline_s: float | None = None) -> GateResult:
@@ -225,7 +231,7 @@ def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None,
     cfg = GateConfig(deadline_s=deadline_s or p.gate.startup_deadline_s, stay_s=p.gate.stay_healthy_s,
                      poll_s=p.gate.poll_interval_s, http_timeout_s=p.gate.http_timeout_s,
                      speculative=is_speculative(p, mode))
-    state = GateState(cfg, Scanner())
+    state = GateState(cfg, Scanner(), previous_invocation)
     unit = p.service.unit
     t0 = clock()
     invocation = ""
@@ -239,8 +245,10 @@ def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None,
         u, lines = parse_poll(res.stdout)
         if lines:
             cursor = lines[-1].cursor or cursor
-        invocation = invocation or u.invocation
-        lines = [ln for ln in lines if not ln.invocation or not invocation or ln.invocation == invocation]
+        if u.invocation != previous_invocation:
+            invocation = invocation or u.invocation
+        lines = [ln for ln in lines if (not ln.invocation or not invocation or ln.invocation == invocation)
+                 and not (previous_invocation and ln.invocation == previous_invocation)]
         health, health_err, smoke = None, "", None
         if u.active in ("active", "activating") and not u.failed:
             try:

@@ -173,7 +173,9 @@ def readiness_argv(p: Profile) -> list[str]:
     url = f"http://{_loopback(p.service.listen_host)}:{p.service.port}/health_generate"
     probe = ("import sys,urllib.request as r; "
              "sys.exit(r.urlopen(sys.argv[1], timeout=5).status != 200)")
-    script = f"until {_sh(p.service.python)} -c {_sh(probe)} {_sh(url)} 2>/dev/null; do sleep 1; done"
+    # a server that dies before it is ready must fail the start now, not after TimeoutStartSec
+    script = (f"until {_sh(p.service.python)} -c {_sh(probe)} {_sh(url)} 2>/dev/null; "
+              'do kill -0 "$MAINPID" 2>/dev/null || exit 1; sleep 1; done')
     return ["/bin/sh", "-c", script]
 
 
@@ -197,7 +199,7 @@ def template_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "units"
 
 
-def _fill(template: str, values: Mapping[str, str]) -> str:
+def fill_template(template: str, values: Mapping[str, str]) -> str:
     def sub(match: re.Match[str]) -> str:
         key = match.group(1)
         if key not in values:
@@ -246,10 +248,10 @@ def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
     }
     text = template if template is not None else (template_dir() / TEMPLATE).read_text(encoding="utf-8")
     # the release id hashes everything that reaches the host, secrets by their redacted digest
-    body = _fill(text, {**values, "release_id": "-"})
+    body = fill_template(text, {**values, "release_id": "-"})
     digest = hashlib.sha256((body + env_redacted).encode()).hexdigest()
     release_id = f"{mode}-{digest[:12]}"
-    unit_text = _fill(text, {**values, "release_id": release_id})
+    unit_text = fill_template(text, {**values, "release_id": release_id})
     return Rendered(host=p.name, mode=mode, release_id=release_id, profile_sha=profile_sha[:16],
                     unit_name=s.unit, unit_path=f"/etc/systemd/system/{s.unit}", unit_text=unit_text,
                     env_path=env_path, env_text=env_text, env_redacted=env_redacted, argv=tuple(argv))

@@ -15,6 +15,7 @@ from __future__ import annotations
 import fcntl
 import http.client
 import json
+import logging
 import os
 import shlex
 import socket
@@ -40,6 +41,9 @@ if TYPE_CHECKING:
     from ddtree_ops.profile import Profile
 
 ENV_SSH_CONFIG = "DDTREE_OPS_SSH_CONFIG"
+# paramiko logs every refused port-forward ("Secsh channel N open FAILED") through logging's
+# last-resort handler; the tool reports those itself (HttpUnavailable), so keep them quiet
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
 SUDO_PASSWORD_HINTS = ("a password is required", "a terminal is required", "no tty present")
 
 

@@ -557,15 +557,15 @@ class Report:
 
 _NUM = r"([0-9]+(?:\.[0-9]+)?)"
 _MEM_PARSERS: tuple[tuple[re.Pattern[str], tuple[tuple[str, type], ...]], ...] = (
-    (re.compile(r"KV Cache is allocated\. #tokens: ([0-9]+), K size: " + _NUM + r" GB, V size: " + _NUM + " GB"),
+    (re.compile(r"KV Cache is allocated\.[^#]{0,80}#tokens: ([0-9]+), K size: " + _NUM + r" GB, V size: " + _NUM + " GB"),
      (("kv_tokens", int), ("k_size_gb", float), ("v_size_gb", float))),
-    (re.compile(r"KV Cache is allocated\. #tokens: ([0-9]+)"), (("kv_tokens", int),)),
+    (re.compile(r"KV Cache is allocated\.[^#]{0,80}#tokens: ([0-9]+)"), (("kv_tokens", int),)),
     (re.compile(r"max_total_num_tokens=([0-9]+)"), (("max_total_num_tokens", int),)),
     (re.compile(r"max_running_requests=([0-9]+)"), (("max_running_requests", int),)),
     (re.compile(r"context_len=([0-9]+)"), (("context_len", int),)),
     (re.compile(r"available_gpu_mem=" + _NUM + " GB"), (("available_gpu_mem_gb", float),)),
     (re.compile(r"Load weight end\..{0,400}?mem usage=" + _NUM + " GB"), (("weights_gb", float),)),
-    (re.compile(r"Capture cuda graph end\..{0,400}?mem usage=" + _NUM + " GB"), (("cuda_graph_gb", float),)),
+    (re.compile(r"Capture (?:[a-z ]{0,40}CUDA graph|cuda graph) end\..{0,400}?mem usage=" + _NUM + " GB"), (("cuda_graph_gb", float),)),
     (re.compile(r"Memory pool end\. avail mem=" + _NUM + " GB"), (("pool_end_avail_gb", float),)),
 )
 _ACCEPT_RX = re.compile(r"accept len: ([0-9]+\.[0-9]+)")

@@ -1,0 +1,93 @@
+"""`ddtree-ops lab up|down|status|env|fault`: local test hosts ct129 and ct200 (real systemd, journald
+and sshd in nspawn containers; an SGLang stand-in in place of the GPU server). Needs root."""
+
+from __future__ import annotations
+
+import typer
+
+lab_app = typer.Typer(help="Local lab hosts ct129 and ct200: real systemd + sshd containers with an "
+                           "SGLang stand-in (no GPU). Needs root.", no_args_is_help=True)
+
+
+@lab_app.command("up")
+def up(no_seed: bool = typer.Option(False, "--no-seed", help="Boot the hosts without installing the NEXTN service.")) -> int:
+    """Build the lab tree (once, cached) and boot ct129 and ct200 with the NEXTN service healthy.
+
+    Ends by printing the line that points the CLI at the lab, so `eval "$(ddtree-ops lab up)"` works.
+    Example: ddtree-ops lab up
+    """
+    from ddtree_ops import output
+    from ddtree_ops.lab import api
+
+    t = api.up(seed=not no_seed, log=output.say)
+    if t.get("total"):
+        output.say(f"lab up in {t['total']:.1f}s (tree {'built' if t.get('tree_built') else 'cached'}: "
+                   f"{t.get('tree', 0):.1f}s, boot {t.get('boot', 0):.1f}s, seed {t.get('seed', 0):.1f}s)")
+    output.data(api.env_line())
+    return 0
+
+
+@lab_app.command("down")
+def down() -> int:
+    """Stop the lab hosts (by PID) and remove their namespaces, links, mounts and overlays.
+
+    Example: ddtree-ops lab down
+    """
+    from ddtree_ops import output
+    from ddtree_ops.lab import api
+
+    api.down(log=output.say)
+    return 0
+
+
+@lab_app.command("status")
+def status(as_json: bool = typer.Option(False, "--json", help="One JSON document on stdout.")) -> int:
+    """Each lab host: address, whether it runs, systemd state, service state, faults, memory.
+    Exit 0 when every host is up and its service active, 1 otherwise.
+
+    Example: ddtree-ops lab status
+    """
+    from ddtree_ops import output
+    from ddtree_ops.lab import api
+
+    rows = api.status()
+    ok = all(r.running and r.service == "active" for r in rows)
+    if as_json:
+        output.emit_json({"command": "lab status", "ssh_config": api.env_line().split("=", 1)[1],
+                          "hosts": [r.__dict__ for r in rows]})
+    else:
+        output.data(f"{'HOST':<7} {'ADDRESS':<14} {'SYSTEM':<12} {'SERVICE':<12} {'MEM(PSS)':>9}  FAULTS")
+        for r in rows:
+            output.data(f"{r.name:<7} {r.address:<14} {r.system:<12} {r.service:<12} {r.pss_mib:>6.0f}MiB  "
+                        f"{','.join(r.faults) or '-'}")
+    return 0 if ok else 1
+
+
+@lab_app.command("env")
+def env() -> int:
+    """Print `export DDTREE_OPS_SSH_CONFIG=<lab ssh_config>` for `eval "$(ddtree-ops lab env)"`."""
+    from ddtree_ops import output
+    from ddtree_ops.lab import api
+
+    output.data(api.env_line())
+    return 0
+
+
+@lab_app.command("fault")
+def fault(host: str = typer.Argument(..., help="ct129 or ct200"),
+          name: str = typer.Argument(..., help="libcuda-missing, hang, crash-after-ready, slow-start, "
+                                               "accept-collapse, port-busy, stray-gpu-process, or clear")) -> int:
+    """Inject a fault into HOST, effective at the next start of its service (`clear` removes all).
+
+    Example: ddtree-ops lab fault ct129 libcuda-missing && ssh -F ... ct129 systemctl restart sglang
+    """
+    from ddtree_ops import output
+    from ddtree_ops.lab import api
+
+    now = api.fault(host, name)
+    output.say(f"{host}: faults now {', '.join(now) or 'none'} (effective at the next service start)")
+    return 0
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(lab_app, name="lab")

@@ -1,0 +1,291 @@
+"""`ddtree-ops lab up | down | status | env | fault`, as functions (the CLI and the pytest fixture
+both call these)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from ddtree_ops.errors import UsageError
+from ddtree_ops.lab import _sys, machine, payload, tree
+from ddtree_ops.lab._sys import LabError
+from ddtree_ops.lab.machine import HOSTS, HostState, LabState
+from ddtree_ops.lab.paths import Paths
+
+ENV_VAR = "DDTREE_OPS_SSH_CONFIG"
+# read by the stand-in at the next start of the service
+FILE_FAULTS = ("libcuda-missing", "hang", "crash-after-ready", "slow-start", "accept-collapse")
+# made real by a process on the host (so the stand-in meets them, it is not told about them)
+PROCESS_FAULTS = ("port-busy", "stray-gpu-process")
+FAULTS = FILE_FAULTS + PROCESS_FAULTS
+FAULT_UNITS = {"port-busy": "ddtree-lab-port-busy.service", "stray-gpu-process": "ddtree-lab-stray-gpu.service"}
+# share of the card a stray process holds: ~30 GB on the 48 GB host, enough to break the next start
+STRAY_SHARE = 0.625
+
+Log = Callable[[str], None]
+
+
+def env_line(paths: Paths | None = None) -> str:
+    return f"export {ENV_VAR}={(paths or Paths.default()).ssh_config}"
+
+
+def _profiles(hosts: Sequence[str]) -> dict[str, Any]:
+    from ddtree_ops.profile import load_profile
+
+    return {h: load_profile(h) for h in hosts}
+
+
+def is_up(paths: Paths, hosts: Sequence[str] = HOSTS) -> bool:
+    st = LabState.load(paths)
+    return bool(st) and all(h in st.hosts and machine._alive(st.hosts[h].nspawn_pid)
+                            and machine._tcp_open(st.hosts[h].address, 22) for h in hosts)
+
+
+def up(paths: Paths | None = None, *, hosts: Sequence[str] = HOSTS, seed: bool = True, log: Log = print) -> dict[str, float]:
+    """Build (once) and boot the lab; returns phase timings in seconds."""
+    paths = paths or Paths.default()
+    _sys.require_root()
+    _sys.require_tools()
+    timings: dict[str, float] = {}
+    t0 = time.monotonic()
+    if is_up(paths, hosts):
+        log("lab already up")
+        return {"total": 0.0}
+    if LabState.load(paths) or machine.stray_nspawns(paths):
+        log("cleaning up the remains of an earlier lab")
+        down(paths, log=lambda _m: None)
+    timings["tree_built"] = float(tree.ensure_tree(paths, log=log))
+    timings["tree"] = time.monotonic() - t0
+    payload.install_shared(paths.tree)
+    machine.ensure_keys(paths, hosts)
+    profiles = _profiles(hosts)
+    state = LabState(started=time.time())
+    try:
+        t1 = time.monotonic()
+        states = [machine.boot(paths, state, h, profiles[h]) for h in hosts]
+        for h in states:
+            machine.wait_booted(paths, h)
+        machine.write_ssh_files(paths, states)
+        timings["boot"] = time.monotonic() - t1
+        log(f"booted {', '.join(f'{h.name} ({h.address})' for h in states)} in {timings['boot']:.1f}s")
+        if seed:
+            t2 = time.monotonic()
+            with ThreadPoolExecutor(len(hosts)) as pool:
+                list(pool.map(lambda h: _seed(paths, h, profiles[h]), hosts))
+            timings["seed"] = time.monotonic() - t2
+            log(f"NEXTN service healthy on {', '.join(hosts)} after {timings['seed']:.1f}s")
+    except BaseException:
+        down(paths, log=lambda _m: None)
+        raise
+    timings["total"] = time.monotonic() - t0
+    return timings
+
+
+def _seed(paths: Paths, host: str, profile: Any) -> None:
+    from ddtree_ops.lab.seed import seed_nextn
+
+    with connect(paths, host) as conn:
+        seed_nextn(conn, profile)
+
+
+def connect(paths: Paths, host: str) -> Any:
+    """The tool's own Host over SSH, through the lab's ssh_config."""
+    from ddtree_ops.ssh import connect as ssh_connect
+
+    return ssh_connect(host, ssh_config=str(paths.ssh_config), strict=True)
+
+
+def down(paths: Paths | None = None, *, log: Log = print) -> float:
+    """Stop everything `up` started and remove what it made. Returns seconds taken."""
+    paths = paths or Paths.default()
+    _sys.require_root()
+    t0 = time.monotonic()
+    state = LabState.load(paths) or LabState()
+    problems: list[str] = []
+    names = list(dict.fromkeys([*state.hosts, *HOSTS]))
+    for name in names:
+        h = state.hosts.get(name) or machine.host_state(paths, name)
+        problems += machine.stop_host(paths, h)
+    for pid in machine.stray_nspawns(paths):  # booted by a lab whose state file was lost
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if paths.run.exists() and not any(machine._is_mount(str(paths.host_root(n))) for n in names):
+        shutil.rmtree(paths.run, ignore_errors=True)
+    took = time.monotonic() - t0
+    if problems:
+        raise LabError("lab down left things behind: " + "; ".join(problems))
+    log(f"lab down in {took:.1f}s")
+    return took
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    name: str
+    address: str
+    running: bool
+    system: str
+    service: str
+    faults: list[str]
+    rss_mib: float
+    pss_mib: float
+
+
+def status(paths: Paths | None = None) -> list[HostStatus]:
+    paths = paths or Paths.default()
+    _sys.require_root()
+    state = LabState.load(paths)
+    out = []
+    for name in HOSTS:
+        h = state.hosts.get(name) if state else None
+        if h is None:
+            out.append(HostStatus(name, machine.address_of(name), False, "down", "-", [], 0.0, 0.0))
+            continue
+        init = machine.container_init(h.nspawn_pid)
+        system = service = "-"
+        if init:
+            system = machine.nsexec(init, ["systemctl", "is-system-running"], timeout=10).stdout.strip() or "unknown"
+            unit = _profiles([name])[name].service.unit
+            service = machine.nsexec(init, ["systemctl", "is-active", unit], timeout=10).stdout.strip() or "unknown"
+        mem = machine.memory_of(h.nspawn_pid)
+        out.append(HostStatus(name, h.address, bool(init), system if init else "down", service,
+                              read_faults(paths, name), mem["rss"] / 2**20, mem["pss"] / 2**20))
+    return out
+
+
+# --------------------------------------------------------------------------- faults
+
+
+def _host(paths: Paths, name: str) -> tuple[HostState, int]:
+    if name not in HOSTS:
+        raise UsageError(f"unknown lab host {name!r} (lab hosts: {', '.join(HOSTS)})")
+    state = LabState.load(paths)
+    h = state.hosts.get(name) if state else None
+    init = machine.container_init(h.nspawn_pid) if h else None
+    if h is None or init is None:
+        raise LabError(f"lab host {name} is not running", hint="ddtree-ops lab up")
+    return h, init
+
+
+def faults_file(paths: Paths, name: str) -> Path:
+    return paths.host_root(name) / "etc/ddtree-lab/faults"
+
+
+def read_faults(paths: Paths, name: str) -> list[str]:
+    try:
+        return [x.strip() for x in faults_file(paths, name).read_text().splitlines() if x.strip()]
+    except OSError:
+        return []
+
+
+def fault(name: str, fault_name: str, paths: Paths | None = None) -> list[str]:
+    """Inject a fault (effective at the next start of the service) or `clear` them all; returns the
+    faults now set on the host."""
+    paths = paths or Paths.default()
+    _sys.require_root()
+    if fault_name != "clear" and fault_name not in FAULTS:
+        raise UsageError(f"unknown fault {fault_name!r}; one of: {', '.join(FAULTS)}, clear")
+    h, init = _host(paths, name)
+    current = read_faults(paths, name)
+    if fault_name == "clear":
+        for unit in FAULT_UNITS.values():
+            machine.nsexec(init, ["systemctl", "stop", unit], timeout=30)
+            machine.nsexec(init, ["systemctl", "reset-failed", unit], timeout=30)
+        faults_file(paths, name).write_text("")
+        return []
+    if fault_name in PROCESS_FAULTS:
+        _start_fault_process(paths, name, init, fault_name)
+    if fault_name not in current:
+        current.append(fault_name)
+    faults_file(paths, name).write_text("".join(f + "\n" for f in current))
+    return current
+
+
+def _start_fault_process(paths: Paths, name: str, init: int, fault_name: str) -> None:
+    profile = _profiles([name])[name]
+    unit = FAULT_UNITS[fault_name]
+    if fault_name == "port-busy":
+        listen = profile.service.listen_host if profile.service.listen_host not in ("0.0.0.0", "::") else "0.0.0.0"
+        argv = ["/usr/bin/python3", f"{payload.LAB_LIB}/sglang_standin/squat.py", listen, str(profile.service.port)]
+    else:
+        mib = int(profile.gpu.memory_mib * STRAY_SHARE)
+        argv = [f"{payload.VENV}/bin/python", "-m", "sglang_standin.hold", str(mib)]
+    machine.nsexec(init, ["systemctl", "stop", unit], timeout=30)
+    machine.nsexec(init, ["systemctl", "reset-failed", unit], timeout=30)
+    res = machine.nsexec(init, ["systemd-run", f"--unit={unit}", "--description=ddtree-ops lab fault " + fault_name,
+                                *argv], timeout=30)
+    if res.returncode != 0:
+        raise LabError(f"{name}: could not start the {fault_name} process: {res.stderr.strip()}")
+
+
+def exec_in(name: str, argv: Sequence[str], paths: Paths | None = None, *, timeout: float = 60.0,
+            input: bytes | None = None) -> Any:
+    """Machine-level command in a lab host (tests' setup only)."""
+    paths = paths or Paths.default()
+    _h, init = _host(paths, name)
+    return machine.nsexec(init, argv, timeout=timeout, input=input)
+
+
+class Lab:
+    """A running lab, as tests use it (the `lab` fixture in tests/conftest.py hands one out).
+
+    ssh_config / known_hosts  paths for `--ssh-config`, DDTREE_OPS_SSH_CONFIG, `ssh -F`
+    hosts                     ["ct129", "ct200"]
+    address(host)             its address (10.200.0.N)
+    connect(host)             the tool's own Host (ddtree_ops.ssh) over real SSH; a context manager
+    fault(host, name)         inject a fault for the next service start; clear(host) removes all
+    restore(host)             clear faults and reinstall + restart the NEXTN service, healthy
+    exec(host, argv)          machine-level command inside the host (test setup only, not the tool's path)
+    env                       {"DDTREE_OPS_SSH_CONFIG": ...} to merge into a subprocess environment
+    """
+
+    def __init__(self, paths: Paths | None = None) -> None:
+        self.paths = paths or Paths.default()
+        self.hosts = list(HOSTS)
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.paths.ssh_config
+
+    @property
+    def known_hosts(self) -> Path:
+        return self.paths.known_hosts
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {ENV_VAR: str(self.paths.ssh_config)}
+
+    def address(self, host: str) -> str:
+        return machine.address_of(host)
+
+    def connect(self, host: str) -> Any:
+        return connect(self.paths, host)
+
+    def fault(self, host: str, name: str) -> list[str]:
+        return fault(host, name, self.paths)
+
+    def clear(self, host: str) -> None:
+        fault(host, "clear", self.paths)
+
+    def restore(self, host: str) -> None:
+        from ddtree_ops.lab.seed import seed_nextn
+
+        self.clear(host)
+        profile = _profiles([host])[host]
+        with self.connect(host) as conn:
+            conn.run(["systemctl", "reset-failed", profile.service.unit], timeout=30)
+            conn.run(["systemctl", "stop", profile.service.unit], timeout=60)
+            seed_nextn(conn, profile)
+
+    def exec(self, host: str, argv: Sequence[str], *, timeout: float = 60.0, input: bytes | None = None) -> Any:
+        return exec_in(host, argv, self.paths, timeout=timeout, input=input)
+
+    def faults(self, host: str) -> list[str]:
+        return read_faults(self.paths, host)

@@ -1,0 +1,331 @@
+"""The lab hosts themselves: one network namespace, veth and address per host, a per-host overlay on
+the cached tree, and `systemd-nspawn --boot` with real systemd as PID 1 inside it.
+
+Everything `up` starts is recorded (by PID, netns, link and mount) in <home>/run/state.json as it
+happens, so `down` undoes a partial `up` as well as a full one. Nothing here uses broad process
+matching: processes are stopped by the PIDs recorded (or, for a lab whose state file was lost, by the
+PIDs of nspawn processes whose command line names this lab's own root directories).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ddtree_ops.lab import _sys, payload, tree
+from ddtree_ops.lab._sys import LabError
+from ddtree_ops.lab.paths import Paths
+
+HOSTS = ("ct129", "ct200")
+SUBNET = "10.200.0"
+BOOT_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 20.0
+
+
+@dataclass
+class HostState:
+    name: str
+    address: str
+    netns: str
+    veth: str
+    root: str
+    nspawn_pid: int | None = None
+    mounted: bool = False
+    netns_made: bool = False
+
+
+@dataclass
+class LabState:
+    hosts: dict[str, HostState] = field(default_factory=dict)
+    started: float = 0.0
+
+    @classmethod
+    def load(cls, paths: Paths) -> LabState | None:
+        try:
+            raw = json.loads(paths.state.read_text())
+        except (OSError, ValueError):
+            return None
+        return cls(hosts={k: HostState(**v) for k, v in raw.get("hosts", {}).items()}, started=raw.get("started", 0.0))
+
+    def save(self, paths: Paths) -> None:
+        paths.run.mkdir(parents=True, exist_ok=True)
+        tmp = paths.state.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"hosts": {k: asdict(v) for k, v in self.hosts.items()}, "started": self.started},
+                                  indent=2))
+        os.replace(tmp, paths.state)
+
+
+def address_of(host: str) -> str:
+    digits = re.sub(r"\D", "", host)
+    n = int(digits) if digits else 0
+    if not 2 <= n <= 254:
+        n = 2 + sum(host.encode()) % 250
+    return f"{SUBNET}.{n}"
+
+
+def host_state(paths: Paths, host: str) -> HostState:
+    return HostState(name=host, address=address_of(host), netns=host, veth=f"vh-{host}"[:15],
+                     root=str(paths.host_root(host)))
+
+
+# --------------------------------------------------------------------------- steps of `up` (argv as data)
+
+
+def netns_argvs(h: HostState) -> list[list[str]]:
+    """Network namespace + veth pair: the address exists only inside the namespace, the root
+    namespace reaches it through a /32 route over the veth (facts/test-hosts.md section 4)."""
+    return [["ip", "netns", "add", h.netns],
+            ["ip", "link", "add", h.veth, "type", "veth", "peer", "name", "eth0", "netns", h.netns],
+            ["ip", "link", "set", h.veth, "up"],
+            ["ip", "-n", h.netns, "link", "set", "lo", "up"],
+            ["ip", "-n", h.netns, "addr", "add", f"{h.address}/32", "dev", "eth0"],
+            ["ip", "-n", h.netns, "link", "set", "eth0", "up"],
+            ["ip", "-n", h.netns, "route", "add", "default", "dev", "eth0"],
+            ["ip", "route", "replace", f"{h.address}/32", "dev", h.veth]]
+
+
+def overlay_argv(paths: Paths, h: HostState) -> list[str]:
+    d = paths.host_dir(h.name)
+    return ["mount", "-t", "overlay", "overlay", "-o",
+            f"lowerdir={paths.tree},upperdir={d / 'upper'},workdir={d / 'work'}", h.root]
+
+
+def nspawn_argv(h: HostState) -> list[str]:
+    # --register=no --keep-unit: there is no systemd/machined on this machine to register with
+    return ["systemd-nspawn", "-D", h.root, "--boot", "--register=no", "--keep-unit",
+            f"--network-namespace-path=/run/netns/{h.netns}", "--console=pipe", "-M", h.name,
+            f"--hostname={h.name}"]
+
+
+def ensure_keys(paths: Paths, hosts: Sequence[str]) -> None:
+    paths.keys.mkdir(parents=True, exist_ok=True, mode=0o700)
+    wanted = [(paths.client_key, "ddtree-ops-lab-client")] + [(paths.host_key(h), f"root@{h}") for h in hosts]
+    for key, comment in wanted:
+        if not key.exists():
+            _sys.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(key)], timeout=30,
+                     what="ssh-keygen")
+
+
+def write_ssh_files(paths: Paths, states: Sequence[HostState]) -> None:
+    """ssh_config + known_hosts that make the names ct129/ct200 reach the lab, for this CLI, OpenSSH
+    and paramiko alike; the operator's ~/.ssh is never touched."""
+    cfg = ["# ddtree-ops lab: written by `ddtree-ops lab up` (these hosts are containers on this machine)",
+           "# use: eval \"$(ddtree-ops lab env)\"  or  ssh -F " + str(paths.ssh_config) + " ct129", ""]
+    known = []
+    for h in states:
+        cfg += [f"Host {h.name}", f"  HostName {h.address}", "  User root", "  Port 22",
+                f"  IdentityFile {paths.client_key}", "  IdentitiesOnly yes", f"  UserKnownHostsFile {paths.known_hosts}",
+                "  StrictHostKeyChecking yes", "  ConnectTimeout 5", "  LogLevel ERROR", ""]
+        pub = paths.host_key(h.name).with_name(paths.host_key(h.name).name + ".pub").read_text().split()
+        known.append(f"{h.name},{h.address} {pub[0]} {pub[1]}")
+    paths.ssh_config.write_text("\n".join(cfg))
+    paths.known_hosts.write_text("\n".join(known) + "\n")
+
+
+# --------------------------------------------------------------------------- process helpers
+
+
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    todo, seen = [pid], []
+    while todo:
+        for c in _children(todo.pop()):
+            seen.append(c)
+            todo.append(c)
+    return seen
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def container_init(nspawn_pid: int | None) -> int | None:
+    """The container's PID 1 (systemd) as this namespace numbers it."""
+    if not _alive(nspawn_pid):
+        return None
+    for pid in descendants(nspawn_pid or 0):
+        if _comm(pid) == "systemd":
+            return pid
+    return None
+
+
+def _wait(pred: Any, timeout: float, step: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return bool(pred())
+
+
+def _tcp_open(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def nsexec(init_pid: int, argv: Sequence[str], *, timeout: float = 30.0, check: bool = False,
+           input: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """Run a command inside a lab host at machine level (its namespaces, as root): the escape hatch for
+    lab administration and test setup, never for what the tool itself does (that goes over SSH)."""
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+    return _sys.run(["nsenter", "-t", str(init_pid), "-m", "-u", "-i", "-n", "-p", "-C", "--", *argv],
+                    timeout=timeout, check=check, env=env, input=input, what=f"{argv[0]} in the lab host")
+
+
+# --------------------------------------------------------------------------- up / down
+
+
+def boot(paths: Paths, state: LabState, host: str, profile: Any) -> HostState:
+    h = host_state(paths, host)
+    state.hosts[host] = h
+    state.save(paths)
+    d = paths.host_dir(host)
+    for sub in ("upper", "work", "root"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    _sys.run(overlay_argv(paths, h), timeout=30, what=f"mounting the overlay for {host}")
+    h.mounted = True
+    state.save(paths)
+    payload.install_host(Path(h.root), host, profile, host_key=paths.host_key(host),
+                         client_pub=paths.client_key.with_name(paths.client_key.name + ".pub"))
+    h.netns_made = True
+    state.save(paths)
+    for argv in netns_argvs(h):
+        _sys.run(argv, timeout=15, what=f"network setup for {host}")
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    with open(paths.logs / f"{host}.console.log", "wb") as log:
+        proc = subprocess.Popen(nspawn_argv(h), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    h.nspawn_pid = proc.pid
+    state.save(paths)
+    return h
+
+
+def wait_booted(paths: Paths, h: HostState, timeout: float = BOOT_TIMEOUT_S) -> None:
+    if not _wait(lambda: _tcp_open(h.address, 22) or not _alive(h.nspawn_pid), timeout):
+        raise LabError(f"{h.name}: sshd did not answer on {h.address}:22 within {timeout:g}s "
+                       f"(console: {paths.logs / (h.name + '.console.log')})")
+    if not _alive(h.nspawn_pid):
+        tail = (paths.logs / f"{h.name}.console.log").read_text(errors="replace").strip().splitlines()[-5:]
+        raise LabError(f"{h.name}: systemd-nspawn exited during boot: {' | '.join(tail)}")
+
+
+def stop_host(paths: Paths, h: HostState) -> list[str]:
+    """Power the container off (nspawn turns SIGTERM into a clean shutdown of its systemd), escalate
+    to SIGKILL of the recorded PIDs if it does not go, then remove the mount and the network. Returns
+    what could not be cleaned."""
+    problems: list[str] = []
+    pid = h.nspawn_pid
+    if _alive(pid):
+        inner = descendants(pid or 0)
+        os.kill(pid or 0, signal.SIGTERM)
+        if not _wait(lambda: not _alive(pid), STOP_TIMEOUT_S):
+            for p in [pid, *inner]:
+                try:
+                    os.kill(p or 0, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if not _wait(lambda: not _alive(pid), 5):
+                problems.append(f"{h.name}: systemd-nspawn (pid {pid}) did not exit")
+    _reap(pid)
+    if _is_mount(h.root):
+        res = _sys.run(["umount", h.root], timeout=30, check=False)
+        if res.returncode != 0:
+            _sys.run(["umount", "-l", h.root], timeout=30, check=False)
+        if _is_mount(h.root):
+            problems.append(f"{h.name}: {h.root} is still mounted")
+    if Path(f"/run/netns/{h.netns}").exists():
+        _sys.run(["ip", "netns", "del", h.netns], timeout=15, check=False)
+    if Path(f"/sys/class/net/{h.veth}").exists():
+        _sys.run(["ip", "link", "del", h.veth], timeout=15, check=False)
+    tree.cleanup_nspawn_leftovers(h.name)
+    if not _is_mount(h.root):
+        _sys.run(["rm", "-rf", "--one-file-system", str(paths.host_dir(h.name))], timeout=120, check=False)
+    for what, gone in ((f"netns {h.netns}", not Path(f"/run/netns/{h.netns}").exists()),
+                       (f"link {h.veth}", not Path(f"/sys/class/net/{h.veth}").exists())):
+        if not gone:
+            problems.append(f"{h.name}: {what} is still there")
+    return problems
+
+
+def _reap(pid: int | None) -> None:
+    # nspawn was our child only in the process that ran `up`; reap it if so
+    try:
+        os.waitpid(pid or -1, os.WNOHANG)
+    except (ChildProcessError, OSError):
+        pass
+
+
+def _is_mount(path: str) -> bool:
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            return any(line.split()[4] == path for line in fh)
+    except OSError:
+        return False
+
+
+def stray_nspawns(paths: Paths) -> list[int]:
+    """nspawn processes booted from this lab's run directory (for a lab whose state file is gone)."""
+    marker = str(paths.run) + "/"
+    out = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmd and cmd[0].endswith(b"systemd-nspawn") and any(a.decode(errors="replace").startswith(marker) for a in cmd):
+            out.append(int(d.name))
+    return out
+
+
+def memory_of(nspawn_pid: int | None) -> dict[str, int]:
+    """RSS and PSS (bytes) of everything running in one host: its nspawn and all it started."""
+    rss = pss = 0
+    if not _alive(nspawn_pid):
+        return {"rss": 0, "pss": 0}
+    for pid in [nspawn_pid or 0, *descendants(nspawn_pid or 0)]:
+        try:
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Rss:"):
+                    rss += int(line.split()[1]) * 1024
+                elif line.startswith("Pss:"):
+                    pss += int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return {"rss": rss, "pss": pss}

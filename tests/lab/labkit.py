@@ -1,0 +1,71 @@
+"""Helpers for the lab tests: everything goes through the tool's own Host (real SSH)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from ddtree_ops.host import HttpUnavailable
+
+UNIT = "sglang.service"
+PORT = 30000
+
+
+def show(host: Any, *props: str, unit: str = UNIT) -> dict[str, str]:
+    out = host.run(["systemctl", "show", "-p", ",".join(props), unit], timeout=30).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def restart(host: Any, unit: str = UNIT) -> str:
+    """Restart without waiting for readiness; returns the new activation's InvocationID."""
+    old = show(host, "InvocationID", unit=unit).get("InvocationID", "")
+    host.run(["systemctl", "reset-failed", unit], timeout=30)
+    host.run(["systemctl", "restart", "--no-block", unit], timeout=30).check("restart")
+    return wait_for("a new invocation", lambda: (inv := show(host, "InvocationID", unit=unit).get("InvocationID", ""))
+                    not in ("", old) and inv, timeout=30)
+
+
+def journal(host: Any, invocation: str) -> str:
+    return host.run(["journalctl", f"_SYSTEMD_INVOCATION_ID={invocation}", "-o", "cat", "--no-pager"],
+                    timeout=30).stdout
+
+
+def unit_journal(host: Any, unit: str = UNIT, lines: int = 400) -> str:
+    return host.run(["journalctl", "-u", unit, "-n", str(lines), "-o", "cat", "--no-pager"], timeout=30).stdout
+
+
+def wait_for(what: str, pred: Callable[[], Any], timeout: float = 60.0, step: float = 0.3) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(step)
+
+
+def wait_journal(host: Any, invocation: str, text: str, timeout: float = 60.0) -> str:
+    def seen() -> str:
+        j = journal(host, invocation)
+        return j if text in j else ""
+
+    try:
+        return wait_for(f"{text!r} in the journal", seen, timeout=timeout)
+    except AssertionError as exc:
+        tail = "\n".join(journal(host, invocation).splitlines()[-25:])
+        raise AssertionError(f"{exc}; invocation {invocation} ended with:\n{tail}") from None
+
+
+def health(host: Any, path: str = "/health_generate") -> int | None:
+    try:
+        return host.http("GET", PORT, path, timeout=5).status
+    except HttpUnavailable:
+        return None
+
+
+def generate(host: Any, prompt: str = "The capital of France is", max_new_tokens: int = 32) -> dict[str, Any]:
+    resp = host.http("POST", PORT, "/generate", body={"text": prompt, "sampling_params": {
+        "temperature": 0, "max_new_tokens": max_new_tokens}}, timeout=20)
+    assert resp.status == 200, resp.text
+    return resp.json()

@@ -1,0 +1,126 @@
+"""DDTREE on a lab host, with the unit the tool renders for `ddtree-shadow`: without a plugin SGLang
+does not know the name; with a plugin algorithm that is not DFlash-family the target captures no hidden
+states and the first prefill dies; a DFlash-family plugin serves. Throwaway plugins stand in for the
+real engine plugin, installed the way a deploy installs a wheel (`pip install --no-deps`)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import zipfile
+from typing import Any, Iterator
+
+import pytest
+
+from ddtree_ops.profile import load_profile
+from ddtree_ops.render import render
+from labkit import PORT, generate, restart, show, wait_for, wait_journal
+
+pytestmark = pytest.mark.lab
+PIP = "/opt/sglang/venv/bin/pip"
+PLUGIN = '''
+from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+from sglang.srt.speculative.spec_registry import CustomSpecAlgo
+
+
+class Family(CustomSpecAlgo):
+    def is_dflash_family(self):
+        return True
+
+
+def register():
+    kw = {"spec_class": Family} if FAMILY else {}
+
+    @SpeculativeAlgorithm.register("DDTREE", **kw)
+    def _factory(server_args):
+        return object
+'''
+
+
+def wheel(name: str, family: bool) -> bytes:
+    """A minimal real wheel whose entry point `ddtree` in group sglang.srt.plugins registers DDTREE."""
+    files = {f"{name}.py": f"FAMILY = {family}\n{PLUGIN}",
+             f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
+             f"{name}-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: lab-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+             f"{name}-0.1.dist-info/entry_points.txt": f"[sglang.srt.plugins]\nddtree = {name}:register\n"}
+    record = []
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for path, text in files.items():
+            data = text.encode()
+            z.writestr(path, data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            record.append(f"{path},sha256={digest},{len(data)}")
+        record.append(f"{name}-0.1.dist-info/RECORD,,")
+        z.writestr(f"{name}-0.1.dist-info/RECORD", "\n".join(record) + "\n")
+    return buf.getvalue()
+
+
+def install(h: Any, name: str, family: bool) -> None:
+    path = f"/tmp/{name}-0.1-py3-none-any.whl"
+    h.put(path, wheel(name, family))
+    h.run([PIP, "install", "--no-deps", "--no-index", "--quiet", path], timeout=120).check("pip install")
+
+
+def deploy(h: Any, mode: str, overrides: list[str] | None = None) -> str:
+    r = render(load_profile(h.name, overrides=overrides), mode)
+    h.put(r.env_path, r.env_text.encode(), mode=0o600)
+    h.put(r.unit_path, r.unit_text.encode())
+    h.run(["systemctl", "daemon-reload"]).check()
+    return restart(h)
+
+
+@pytest.fixture()
+def ct129(lab: Any) -> Iterator[Any]:
+    def clean(h: Any) -> None:
+        h.run([PIP, "uninstall", "-y", "--quiet", "labplug_plain", "labplug_family"], timeout=120)
+        h.run(["rm", "-rf", "/models/Qwen3-8B-DFlash-nolayers"])
+
+    with lab.connect("ct129") as h:
+        clean(h)
+        try:
+            yield h
+        finally:
+            clean(h)
+            lab.restore("ct129")
+
+
+def test_ddtree_without_a_plugin_is_an_unknown_algorithm(ct129: Any) -> None:
+    inv = deploy(ct129, "ddtree-shadow")
+    log = wait_journal(ct129, inv, "ValueError: Unknown speculative algorithm name: DDTREE")
+    assert "Traceback (most recent call last):" in log
+    wait_for("exit 1", lambda: show(ct129, "ExecMainCode", "ExecMainStatus") == {"ExecMainCode": "1", "ExecMainStatus": "1"})
+
+
+def test_ddtree_plugin_without_dflash_family_fails_at_the_first_prefill(ct129: Any) -> None:
+    install(ct129, "labplug_plain", family=False)
+    inv = deploy(ct129, "ddtree-shadow")
+    log = wait_journal(ct129, inv, "Received sigquit from a child process. It usually means the child failed.")
+    assert "Uvicorn running on http://127.0.0.1:30000" in log and "fired up" not in log
+    assert ("RuntimeError: DFLASH requires target aux hidden capture for prefill, but got None. Make sure the target "
+            "model has DFlash layers-to-capture configured.") in log
+    assert "dflash_worker_v2.py" in log  # the frame points at the real check in the host's sglang
+    wait_for("SIGKILL", lambda: show(ct129, "ExecMainStatus")["ExecMainStatus"] == "9")
+
+
+def test_ddtree_plugin_with_dflash_family_serves(ct129: Any) -> None:
+    install(ct129, "labplug_family", family=True)
+    inv = deploy(ct129, "ddtree-shadow")
+    wait_journal(ct129, inv, "The server is fired up and ready to roll!")
+    meta = generate(ct129, "Explain speculative decoding", 64)["meta_info"]
+    assert 3.5 <= meta["spec_accept_length"] <= 5.5
+    info = ct129.http("GET", PORT, "/server_info").json()
+    assert info["speculative_algorithm"] == "DDTREE" and 130_000 <= info["max_total_num_tokens"] <= 140_000  # mfs 0.81 + the draft pool
+
+
+def test_dflash_draft_without_target_layer_ids_collapses_acceptance(ct129: Any) -> None:
+    draft = json.loads(ct129.get("/models/Qwen3-8B-DFlash-b16/config.json") or b"{}")
+    draft.pop("dflash_config")
+    ct129.run(["mkdir", "-p", "/models/Qwen3-8B-DFlash-nolayers"]).check()
+    ct129.put("/models/Qwen3-8B-DFlash-nolayers/config.json", json.dumps(draft).encode())
+    inv = deploy(ct129, "dflash", ["modes.dflash.draft_model_path=/models/Qwen3-8B-DFlash-nolayers"])
+    wait_journal(ct129, inv, "The server is fired up and ready to roll!")
+    meta = generate(ct129, "Explain speculative decoding", 32)["meta_info"]
+    assert meta["spec_accept_length"] == 1.0

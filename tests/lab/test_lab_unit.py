@@ -1,0 +1,85 @@
+"""The lab's own logic without booting anything: addresses, argv as data, ssh files, validation."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.errors import UsageError
+from ddtree_ops.lab import _sys, api, machine, payload, tree
+from ddtree_ops.lab.paths import Paths
+
+
+def test_addresses_and_names() -> None:
+    assert machine.address_of("ct129") == "10.200.0.129" and machine.address_of("ct200") == "10.200.0.200"
+    h = machine.host_state(Paths(Path("/x")), "ct129")
+    assert (h.netns, h.veth, h.root) == ("ct129", "vh-ct129", "/x/run/ct129/root")
+
+
+def test_network_and_boot_argv() -> None:
+    h = machine.host_state(Paths(Path("/x")), "ct200")
+    argvs = machine.netns_argvs(h)
+    assert argvs[0] == ["ip", "netns", "add", "ct200"]
+    assert ["ip", "-n", "ct200", "addr", "add", "10.200.0.200/32", "dev", "eth0"] in argvs
+    assert argvs[-1] == ["ip", "route", "replace", "10.200.0.200/32", "dev", "vh-ct200"]
+    boot = machine.nspawn_argv(h)
+    assert boot[:3] == ["systemd-nspawn", "-D", "/x/run/ct200/root"]
+    assert {"--boot", "--register=no", "--keep-unit", "--network-namespace-path=/run/netns/ct200",
+            "--hostname=ct200"} <= set(boot)
+
+
+def test_ssh_files(tmp_path: Path) -> None:
+    paths = Paths(tmp_path)
+    machine.ensure_keys(paths, ["ct129"])
+    machine.write_ssh_files(paths, [machine.host_state(paths, "ct129")])
+    cfg = paths.ssh_config.read_text()
+    for line in ("Host ct129", "HostName 10.200.0.129", "User root", "Port 22", f"IdentityFile {paths.client_key}",
+                 f"UserKnownHostsFile {paths.known_hosts}", "StrictHostKeyChecking yes"):
+        assert f"  {line}" in cfg or line in cfg
+    pub = (tmp_path / "keys" / "host_ct129_ed25519.pub").read_text().split()
+    assert paths.known_hosts.read_text() == f"ct129,10.200.0.129 {pub[0]} {pub[1]}\n"
+    # OpenSSH reads the config the same way
+    out = subprocess.run(["ssh", "-G", "-F", str(paths.ssh_config), "ct129"], capture_output=True, text=True).stdout
+    assert "hostname 10.200.0.129" in out and "stricthostkeychecking true" in out
+
+
+def test_env_line() -> None:
+    assert api.env_line(Paths(Path("/srv/lab"))) == "export DDTREE_OPS_SSH_CONFIG=/srv/lab/ssh_config"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="fault checks root first")
+def test_unknown_fault_and_host_are_usage_errors() -> None:
+    with pytest.raises(UsageError, match="unknown fault 'bogus'"):
+        api.fault("ct129", "bogus")
+    with pytest.raises(UsageError, match="unknown lab host"):
+        api.fault("ct999", "hang")
+
+
+def test_missing_tools_name_the_apt_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_sys, "missing_tools", lambda names=(): ["debootstrap", "systemd-nspawn"])
+    with pytest.raises(_sys.LabError) as err:
+        _sys.require_tools()
+    assert "debootstrap systemd-container" in str(err.value) and err.value.hint == _sys.APT_FIX
+
+
+def test_not_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(_sys.LabError, match="needs root"):
+        _sys.require_root()
+
+
+def test_every_step_has_a_deadline() -> None:
+    with pytest.raises(_sys.LabError, match="timed out after 0.2s"):
+        _sys.run(["sleep", "5"], timeout=0.2)
+
+
+def test_recipe_id_is_stable_and_the_payload_is_complete() -> None:
+    assert tree.recipe_id() == tree.recipe_id() and len(tree.recipe_id()) == 16
+    for name in payload.STANDIN_FILES:
+        assert (payload.STANDIN / name).is_file(), name
+    facts = payload.gpu_facts("ct200", type("G", (), {"arch": "sm_120", "model": "NVIDIA RTX PRO 6000 Blackwell",
+                                                     "memory_mib": 97887})())
+    assert facts["compute_cap"] == "12.0" and facts["power_limit_w"] == 600 and facts["uuid"].startswith("GPU-")

@@ -1,0 +1,213 @@
+"""The stand-in's pure parts (no lab, no sglang): KV sizing, the decision table, nvidia-smi formats,
+per-request acceptance figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ddtree_ops.lab.standin import behaviour, memory, nvidia_smi, simgpu, textgen
+
+FIX = Path(__file__).resolve().parents[2] / "ddtree_ops" / "lab" / "fixtures"
+
+
+def cfg(name: str, file: str = "config.json") -> dict:
+    return json.loads((FIX / name / file).read_text())
+
+
+TARGET, INDEX = cfg("Qwen3-8B"), cfg("Qwen3-8B", "model.safetensors.index.json")
+DFLASH, NEXTN = cfg("Qwen3-8B-DFlash-b16"), cfg("Qwen3-8B-NextN")
+A6000, PRO6000 = 49140, 97887
+
+
+def inputs(**kw: object) -> behaviour.Inputs:
+    base = dict(algorithm="DFLASH", kind="dflash", target_cfg=TARGET, target_index=INDEX, draft_cfg=DFLASH,
+                total_mib=A6000, others_mib=0, mem_fraction_static=0.85, context_length=32768,
+                max_running_requests=4, cuda_graph_max_bs=8)
+    base.update(kw)
+    return behaviour.Inputs(**base)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- fixtures are the real shapes
+
+
+def test_fixture_weights_match_the_shapes() -> None:
+    s = memory.Shape.from_config(TARGET)
+    assert (s.layers, s.hidden, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab) == \
+        (36, 4096, 32, 8, 128, 12288, 151936)
+    assert INDEX["metadata"]["total_size"] == s.params() * 2 == 16_381_470_720
+    assert DFLASH["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33] and DFLASH["block_size"] == 16
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_dflash_on_the_48gb_host_holds_140_to_150k_tokens() -> None:
+    p = behaviour.plan(inputs())
+    assert 140_000 <= p.pool.tokens <= 150_000
+    assert p.pool.cell == 147_456 + 20_480  # target 144 KiB + the 5-layer draft's 20 KiB per token
+    assert p.failure is None
+
+
+def test_agrees_with_the_preflight_formula() -> None:
+    """The lead's preflight (ddtree_ops.memory) predicts independently; they must agree closely."""
+    from ddtree_ops import memory as preflight
+
+    for total, mfs, draft in ((A6000, 0.85, DFLASH), (A6000, 0.88, DFLASH), (PRO6000, 0.84, DFLASH)):
+        ours = behaviour.plan(inputs(total_mib=total, mem_fraction_static=mfs)).pool.tokens
+        t = preflight.model_shape(TARGET)
+        theirs = preflight.plan(gpu_total_mib=total, free_mib=total, target=t, weights=preflight.weights_bytes(TARGET, INDEX),
+                                draft_cell=preflight.model_shape(draft).cell_bytes(),
+                                draft_weights=preflight.draft_weights_bytes(draft, t), mem_fraction_static=mfs,
+                                context_length=1, concurrency=1).tokens
+        assert abs(ours - theirs) / theirs < 0.03, (total, mfs, ours, theirs)
+
+
+def test_long_context_does_not_fail_the_server_itself() -> None:
+    # 131072 x 4 does not fit in ~157k tokens (preflight refuses it) but SGLang starts anyway
+    p = behaviour.plan(inputs(mem_fraction_static=0.88, context_length=131072, allow_longer_context=True))
+    assert p.failure is None and 0 < p.pool.tokens < 131072 * 4
+    assert any("greater than the derived context_length (40960)" in w for w in p.warnings)
+
+
+def test_longer_context_than_the_model_without_the_env_var_is_sglangs_value_error() -> None:
+    p = behaviour.plan(inputs(context_length=131072))
+    assert p.failure == "context"
+    assert p.failure_message.endswith("set the env var SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
+
+
+def test_a_stray_30gb_process_leaves_no_room() -> None:
+    p = behaviour.plan(inputs(others_mib=30 * 1024))
+    assert p.failure == "not-enough-memory" and p.pool.tokens == 0
+    assert p.failure_message == ("Not enough memory. Please try to increase --mem-fraction-static. "
+                                 "Current value: mem_fraction_static=0.85")
+
+
+def test_nextn_cell_adds_the_eagle_draft_layer() -> None:
+    p = behaviour.plan(inputs(algorithm="NEXTN", kind="eagle", draft_cfg=NEXTN, mem_fraction_static=0.81,
+                              num_steps=3, eagle_topk=1, num_draft_tokens=4))
+    assert p.pool.cell == 147_456 + 147_456 // 36
+    assert p.draft_window == 4 and p.tokens_per_req == 4 and p.failure is None
+
+
+def test_graphs_come_out_of_the_headroom_not_the_pool() -> None:
+    on = behaviour.plan(inputs()).pool
+    off = behaviour.plan(inputs(cuda_graph=False)).pool
+    assert on.tokens == off.tokens and on.graph > 0 and off.graph == 0
+    assert on.avail_after_graph < off.avail_after_graph
+
+
+def test_graph_capture_fails_when_the_fraction_leaves_nothing() -> None:
+    p = behaviour.plan(inputs(mem_fraction_static=0.999))
+    assert p.failure == "graph-oom"
+
+
+def test_default_fraction_follows_sglangs_heuristic() -> None:
+    assert memory.default_mem_fraction(A6000, speculative="DFLASH", chunked_prefill=4096, cuda_graph_max_bs=32) == \
+        pytest.approx(0.819, abs=0.002)
+
+
+# ---------------------------------------------------------------- decisions
+
+
+def test_plugin_algorithm_that_is_not_dflash_family_fails_at_the_first_prefill() -> None:
+    p = behaviour.plan(inputs(algorithm="DDTREE", kind="custom"))
+    assert p.failure == "aux-hidden"
+    assert p.failure_message.startswith("DFLASH requires target aux hidden capture for prefill, but got None.")
+    assert p.pool.draft_cell == 0  # no draft pool: SGLang only adds it for DFlash-family algorithms
+
+
+def test_dflash_family_without_layer_ids_serves_with_acceptance_one() -> None:
+    draft = {k: v for k, v in DFLASH.items() if k != "dflash_config"}
+    p = behaviour.plan(inputs(draft_cfg=draft))
+    assert p.failure is None and p.accept_mean == 1.0
+
+
+@pytest.mark.parametrize("fault,attr", [("hang", "hang"), ("slow-start", "slow_start"),
+                                        ("crash-after-ready", "crash_after_ready")])
+def test_faults_set_their_flag(fault: str, attr: str) -> None:
+    assert getattr(behaviour.plan(inputs(faults=frozenset({fault}))), attr) is True
+
+
+def test_libcuda_fault_wins_over_everything_after_it() -> None:
+    assert behaviour.plan(inputs(faults=frozenset({"libcuda-missing"}), others_mib=40000)).failure == "libcuda"
+
+
+def test_accept_collapse() -> None:
+    assert behaviour.plan(inputs(faults=frozenset({"accept-collapse"}))).accept_mean == 1.0
+
+
+# ---------------------------------------------------------------- per-request acceptance
+
+
+@pytest.mark.parametrize("mean,spread,cap,lo,hi", [(2.9, 0.35, 4, 2.5, 3.5), (4.6, 0.6, 16, 3.5, 5.5)])
+def test_spec_accept_length_stays_in_the_modes_range(mean: float, spread: float, cap: int, lo: float, hi: float) -> None:
+    for i in range(200):
+        st = textgen.spec_stats(f"prompt {i}", 64, mean=mean, spread=spread, cap=cap)
+        assert lo - 0.2 <= st.accept_length <= min(hi, cap)
+        assert st.accept_length == pytest.approx(64 / st.verify_ct)
+
+
+def test_collapsed_acceptance_is_exactly_one() -> None:
+    st = textgen.spec_stats("x", 16, mean=1.0, spread=0.0, cap=16)
+    assert st.verify_ct == 16 and st.accept_length == 1.0
+
+
+def test_generation_is_deterministic() -> None:
+    assert textgen.continuation("hello", 8) == textgen.continuation("hello", 8)
+    toks, finish = textgen.continuation("The capital of France is", 16)
+    assert "".join(toks).startswith(" Paris.") and finish == "length" and len(toks) == 16
+
+
+# ---------------------------------------------------------------- nvidia-smi
+
+
+CARD = simgpu.Card(index=0, name="NVIDIA RTX A6000", uuid="GPU-abc", memory_mib=49140, compute_cap="8.6",
+                   driver_version="570.172.08", cuda_version="12.8", pci_bus_id="00000000:01:00.0", power_limit_w=300)
+HOLDER = simgpu.Holder(pid=812, used_mib=40232, process_name="/opt/sglang/venv/bin/python")
+
+
+def smi(*argv: str, holders: list[simgpu.Holder] | None = None) -> tuple[str, str, int]:
+    return nvidia_smi.run(list(argv), CARD, [HOLDER] if holders is None else holders)
+
+
+def test_query_gpu_csv_with_header_and_units() -> None:
+    out, _, rc = smi("--query-gpu=index,name,memory.total,memory.used,compute_cap", "--format=csv")
+    assert rc == 0
+    assert out == ("index, name, memory.total [MiB], memory.used [MiB], compute_cap\n"
+                   "0, NVIDIA RTX A6000, 49140 MiB, 40232 MiB, 8.6\n")
+
+
+def test_query_gpu_noheader_nounits() -> None:
+    out, _, rc = smi("--query-gpu=index,uuid,memory.free,driver_version,utilization.gpu", "--format=csv,noheader,nounits")
+    assert (out, rc) == ("0, GPU-abc, 8908, 570.172.08, 0\n", 0)
+
+
+def test_unknown_field_is_nvidia_smis_error() -> None:
+    out, err, rc = smi("--query-gpu=index,cuda_version", "--format=csv")
+    assert (out, err, rc) == ('Field "cuda_version" is not a valid field to query.\n\n', "", 2)
+
+
+def test_compute_apps() -> None:
+    out, _, rc = smi("--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv")
+    assert out == ("gpu_uuid, pid, process_name, used_gpu_memory [MiB]\n"
+                   "GPU-abc, 812, /opt/sglang/venv/bin/python, 40232 MiB\n")
+    empty, _, _ = smi("--query-compute-apps=pid,used_memory", "--format=csv,noheader", holders=[])
+    assert empty == ""
+
+
+def test_list_and_table() -> None:
+    assert smi("-L")[0] == "GPU 0: NVIDIA RTX A6000 (UUID: GPU-abc)\n"
+    table = smi()[0]
+    assert "Driver Version: 570.172.08" in table and "40232MiB /  49140MiB" in table and "LAB STAND-IN" in table
+
+
+def test_registry_ignores_dead_processes(tmp_path: Path) -> None:
+    import os
+
+    simgpu.register(1000, pid=os.getpid(), registry=tmp_path)
+    simgpu.register(2000, pid=2**22 - 3, registry=tmp_path)  # no such pid
+    assert simgpu.used_mib(tmp_path) == 1000
+    assert not (tmp_path / f"{2**22 - 3}.json").exists()

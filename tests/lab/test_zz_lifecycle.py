@@ -1,0 +1,53 @@
+"""`lab down` leaves nothing behind and `up` works again (runs last in this directory: it takes the
+session's lab down and brings it back)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ddtree_ops.lab import api, machine
+from ddtree_ops.lab.machine import LabState
+
+pytestmark = pytest.mark.lab
+
+
+def leftovers(lab: Any, pids: list[int]) -> list[str]:
+    paths = lab.paths
+    found = [f"pid {p} alive" for p in pids if machine._alive(p)]
+    found += [f"netns {n}" for n in lab.hosts if Path(f"/run/netns/{n}").exists()]
+    found += [f"link vh-{n}" for n in lab.hosts if Path(f"/sys/class/net/vh-{n}").exists()]
+    routes = subprocess.run(["ip", "route"], capture_output=True, text=True, timeout=10).stdout
+    found += [f"route {line}" for line in routes.splitlines() if line.startswith(machine.SUBNET + ".")]
+    found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
+              if str(paths.home) in line.split()[4]]
+    found += [f"nspawn state {p}" for n in lab.hosts for p in Path("/run/systemd/nspawn").glob(f"*/{n}")]
+    found += [f"nspawn pid {p}" for p in machine.stray_nspawns(paths)]
+    for d in Path("/proc").glob("[0-9]*"):  # anything still rooted in a lab host's filesystem
+        try:
+            if os.readlink(d / "root").startswith(str(paths.run)):
+                found.append(f"process {d.name} rooted in the lab")
+        except OSError:
+            pass
+    if paths.run.exists():
+        found.append(f"{paths.run} still exists")
+    return found
+
+
+def test_down_leaves_nothing_and_up_works_again(lab: Any) -> None:
+    state = LabState.load(lab.paths)
+    assert state is not None
+    pids = [p for h in state.hosts.values() for p in [h.nspawn_pid or 0, *machine.descendants(h.nspawn_pid or 0)]]
+    assert len(pids) > 10  # nspawn, systemd, journald, sshd, the stand-in, ... per host
+    took = api.down(lab.paths, log=lambda _m: None)
+    assert took < 30
+    assert leftovers(lab, pids) == []
+    api.up(lab.paths, log=lambda _m: None)
+    assert api.is_up(lab.paths)
+    for name in lab.hosts:
+        with lab.connect(name) as h:
+            assert h.run(["systemctl", "is-active", "sglang.service"]).stdout.strip() == "active"
