@@ -212,6 +212,15 @@ def adopt_baseline(host: Host, p: Profile, layout: Layout, pf: Preflight) -> str
     return rid
 
 
+def _age_s(stamp: str | None) -> float:
+    import calendar
+
+    try:
+        return max(0.0, time.time() - calendar.timegm(time.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ")))
+    except ValueError:
+        return float("inf")
+
+
 def resolve_interrupted(host: Host, p: Profile, layout: Layout) -> str | None:
     """A deploy or rollback that never finished left pending.json: finish it or roll it back."""
     pending = releases.read_pending(host, layout)
@@ -226,9 +235,12 @@ def resolve_interrupted(host: Host, p: Profile, layout: Layout) -> str | None:
     files = releases.release_files(host, layout, rid) if rid else None
     if files and installed == files[0]:
         meta = releases.load_meta(host, layout, rid) or {}
+        # the start began when that run did: it gets what is left of its deadline, not a new one
+        left = p.gate.startup_deadline_s - _age_s(pending.get("started_at"))
         output.say(f"{host.name}: release {rid} is installed; gating it now to finish that {pending.get('action')}")
         result = gating.run_gate(host, p, meta.get("mode", p.known_good_mode), cursor=None,
-                                 on_progress=_progress("resume"))
+                                 on_progress=_progress("resume"),
+                                 deadline_s=max(left, p.gate.stay_healthy_s + 4 * p.gate.poll_interval_s))
         if result.passed:
             releases.set_status(host, layout, rid, "good")
             releases.mark(host, layout.known_good, rid)
@@ -356,11 +368,16 @@ def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
         output.warn(f"{p.name}: interrupted; rolling back to the known-good release (Ctrl-C again to abandon; the "
                     "next deploy or rollback will then finish the job)")
     except HostError as exc:
-        # the connection dropped mid-change: the pending record on the host lets the next run repair it
-        out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
-        out.reason = (f"{exc}. The host has a pending record for {rendered.release_id}; run `ddtree-ops rollback "
-                      f"{p.name}` (or deploy again) once it is reachable: it finishes or rolls back that change.")
-        return finish()
+        # the connection dropped mid-change: reconnect and roll back now; if the host stays out of
+        # reach, the pending record on it lets the next deploy or rollback repair it
+        out.reason = f"the connection dropped while installing {rendered.release_id}: {exc}"
+        if not _reconnect(host):
+            out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
+            out.reason += (f". The host has a pending record for {rendered.release_id}; run `ddtree-ops rollback "
+                           f"{p.name}` (or deploy again) once it is reachable: it finishes or rolls back that change.")
+            return finish()
+        output.warn(f"{p.name}: reconnected after the drop; rolling back to the known-good release")
+        releases.set_status(host, layout, rendered.release_id, "failed")
     except OpsError as exc:
         if not touched:
             raise
@@ -391,6 +408,17 @@ def _roll_back_after_failure(host: Host, p: Profile, layout: Layout, kg: str | N
         out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
         out.reason += f"; rollback to {kg} ALSO FAILED: {rb.reason}"
     return finish()
+
+
+def _reconnect(host: Host) -> bool:
+    reconnect = getattr(host, "reconnect", None)
+    if reconnect is None:
+        return False
+    try:
+        reconnect()
+    except HostError:
+        return False
+    return True
 
 
 def install_plugin(host: Host, p: Profile, plugin: Any) -> None:

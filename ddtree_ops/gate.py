@@ -23,6 +23,7 @@ from ddtree_ops.observe import JournalLine, UnitState, parse_journal_json, parse
 from ddtree_ops.profile import Profile
 
 SEP = "\x1e"
+RESTART_PENDING_S = 60.0  # from `systemctl start` to a new InvocationID: seconds, never minutes
 
 
 class Phase(str, Enum):
@@ -96,9 +97,10 @@ class GateState:
         if self.status is not Status.WAIT:
             return self.status
         if self.previous_invocation and obs.unit.invocation == self.previous_invocation:
-            # `restart --no-block` is queued but systemd has not started the new process yet
-            if obs.t >= self.cfg.deadline_s:
-                return self._fail(f"systemd did not restart the unit within {self.cfg.deadline_s:g}s "
+            # the start is queued but systemd has not begun the new invocation yet
+            limit = min(self.cfg.deadline_s, RESTART_PENDING_S)
+            if obs.t >= limit:
+                return self._fail(f"systemd did not start a new invocation of the unit within {limit:g}s "
                                   f"({obs.unit.describe()})")
             return self.status
         self.lines.extend(obs.lines)

@@ -227,8 +227,12 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, rendered: Rendered, host:
     python = p.service.python
     cache = f"{layout.root}/parser-ok"
     check = shlex.join(remote.env_run(env, remote.python_run(python, SGLANG_CHECK, json.dumps(args), algo)))
-    script = (f'py={shlex.quote(python)}; d=$(ls -d "$(dirname "$py")"/../lib/python3*/site-packages/sglang-*.dist-info '
-              f'2>/dev/null | head -n1); c={shlex.quote(cache)}/{key}-$(basename "$d" 2>/dev/null); '
+    # the cache key names the installed sglang and ddtree-ops dist-info directories, so a changed
+    # install (or the plugin deployed a moment ago) is checked afresh
+    script = (f'py={shlex.quote(python)}; sp="$(dirname "$py")"/../lib/python3*/site-packages; '
+              'd=$(ls -d $sp/sglang-*.dist-info 2>/dev/null | head -n1); '
+              'e=$(ls -d $sp/ddtree_ops-*.dist-info 2>/dev/null | head -n1); '
+              f'c={shlex.quote(cache)}/{key}-$(basename "$d" 2>/dev/null)-$(basename "$e" 2>/dev/null); '
               'if [ -n "$d" ] && [ -f "$c" ]; then cat "$c"; exit 0; fi; '
               f'out=$({check} 2>/dev/null); rc=$?; printf "%s\\n" "$out"; '
               'case "$out" in *\'"parse": "ok"\'*) if [ -n "$d" ]; then mkdir -p "$(dirname "$c")" && '

@@ -31,8 +31,11 @@ def reset_failed(unit: str) -> Argv:
 
 
 def restart(unit: str) -> Argv:
-    # --no-block: ExecStartPost waits for readiness; the gate watches instead of blocking here
-    return ["systemctl", "restart", "--no-block", "--", unit]
+    """Stop, then start without waiting. A plain `systemctl restart` of a unit still activating
+    (a server that never became ready keeps its start job running) is merged into that job and
+    restarts nothing; an explicit stop cancels the job. --no-block on the start: ExecStartPost
+    waits for readiness, and the gate watches instead of blocking here."""
+    return ["sh", "-c", 'systemctl stop -- "$1"; systemctl start --no-block -- "$1"', "sh", unit]
 
 
 def enable(unit: str) -> Argv:
@@ -57,7 +60,8 @@ def journal_cursor(unit: str) -> Argv:
 
 def journal_after(unit: str, cursor: str | None, *, max_lines: int = 5000) -> Argv:
     argv = ["journalctl", "--unit", unit, "--output", "json", "--no-pager", "--quiet",
-            "--output-fields", "MESSAGE,_SYSTEMD_INVOCATION_ID,__REALTIME_TIMESTAMP,_PID,PRIORITY"]
+            # INVOCATION_ID tags systemd's own lines about the unit, _SYSTEMD_INVOCATION_ID the service's
+            "--output-fields", "MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,UNIT,__REALTIME_TIMESTAMP,_PID,PRIORITY"]
     if cursor:
         argv += ["--after-cursor", cursor]
     else:

@@ -180,19 +180,16 @@ def _connect_chain(endpoint: Endpoint, strict: bool) -> tuple[paramiko.SSHClient
         hops.append(client)
         transport = client.get_transport()
         assert transport is not None
-        sock = transport.open_channel("direct-tcpip", (endpoint_next_host(endpoint, hop), endpoint_next_port(endpoint, hop)),
-                                      ("127.0.0.1", 0), timeout=endpoint.connect_timeout)
+        nxt = _after(endpoint, hop)
+        sock = transport.open_channel("direct-tcpip", (nxt.hostname, nxt.port), ("127.0.0.1", 0),
+                                      timeout=endpoint.connect_timeout)
     return _client(endpoint, strict, sock), hops
 
 
-def endpoint_next_host(target: Endpoint, hop: Endpoint) -> str:
-    chain = list(target.jumps) + [target]
-    return chain[chain.index(hop) + 1].hostname
-
-
-def endpoint_next_port(target: Endpoint, hop: Endpoint) -> int:
-    chain = list(target.jumps) + [target]
-    return chain[chain.index(hop) + 1].port
+def _after(target: Endpoint, hop: Endpoint) -> Endpoint:
+    """The endpoint a ProxyJump hop forwards to: the next hop, or the target itself."""
+    chain = [*target.jumps, target]
+    return chain[chain.index(hop) + 1]
 
 
 class SSHHost:
@@ -205,8 +202,18 @@ class SSHHost:
         self.use_sudo = use_sudo
         self.round_trips = 0
         self._lock = threading.Lock()
+        self._strict = strict
+        self._connect(retries)
+
+    def reconnect(self, retries: int = 3) -> None:
+        """A new connection after a drop (the old transport is closed first)."""
+        self.close()
+        self._connect(retries)
+
+    def _connect(self, retries: int) -> None:
         import paramiko
 
+        endpoint, name, strict = self.endpoint, self.name, self._strict
         delay = 0.5
         last: Exception | None = None
         for attempt in range(retries + 1):

@@ -1,8 +1,10 @@
-"""A wheel of this very package, for installing the DDTree plugin into a host's SGLang venv.
+"""A wheel of the in-tree DDTree engine, for installing the SGLang plugin into a host's venv.
 
-Built in memory from the package's own files (pure Python, no build backend needed), versioned
-`<version>+g<content digest>` so the host can be checked for exactly the code being deployed,
-with the `sglang.srt.plugins` entry point that SGLang's plugin loader looks for.
+Built in memory from the package's own files (pure Python, no build backend needed): only
+`ddtree_ops/__init__.py` and `ddtree_ops/engine/`, which import nothing else from the tool. It is
+versioned `<version>+g<digest of those files>`, so the host is checked for exactly the engine
+being deployed and an upgrade of the ops side alone restarts nothing. The entry point is the one
+SGLang's plugin loader looks for (group `sglang.srt.plugins`).
 """
 
 from __future__ import annotations
@@ -30,11 +32,9 @@ class Wheel:
 
 def _files() -> list[tuple[str, bytes]]:
     root = Path(__file__).resolve().parent
-    out = []
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and path.suffix in _SUFFIXES and "__pycache__" not in path.parts:
-            out.append((f"{DIST}/{path.relative_to(root).as_posix()}", path.read_bytes()))
-    return out
+    paths = [root / "__init__.py", *sorted((root / "engine").rglob("*"))]
+    return [(f"{DIST}/{p.relative_to(root).as_posix()}", p.read_bytes()) for p in paths
+            if p.is_file() and p.suffix in _SUFFIXES and "__pycache__" not in p.parts]
 
 
 def _record_hash(data: bytes) -> str:

@@ -29,25 +29,20 @@ def history_cmd(host: str = typer.Argument(..., help="Host name."),
         output.emit_json({"command": "history", "host": host, "releases": [r.__dict__ for r in rels],
                           "pending": pending, "audit": audit_lines[-audit:]})
         return 0
-    from rich.table import Table
-
-    table = Table(title=f"{host}: releases in {layout.releases}", title_justify="left")
-    for col in ("release", "mode", "status", "created", "by", ""):
-        table.add_column(col)
-    for r in rels:
-        marks = " ".join(m for m, on in (("known-good", r.known_good), ("current", r.current)) if on)
-        table.add_row(r.release_id, r.mode, r.status, r.created_at, r.by, marks)
-    output.err().print(table)
+    # the list is the command's data (stdout); notes for people go to stderr
+    rows = [("RELEASE", "MODE", "STATUS", "CREATED", "BY", "")] + [
+        (r.release_id, r.mode, r.status, r.created_at, r.by,
+         " ".join(m for m, on in (("known-good", r.known_good), ("current", r.current)) if on)) for r in rels]
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    for row in rows:
+        output.data("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[5])
     if pending:
         output.warn(f"unfinished {pending.get('action')} of {pending.get('release_id')} by {pending.get('by')} "
                     f"since {pending.get('started_at')}: the next deploy or rollback resolves it")
     if audit_lines:
-        output.say("[bold]audit log:[/]")
+        output.say(f"audit log ({layout.audit}):")
         for line in audit_lines[-audit:]:
             output.err().print("  " + line, markup=False, highlight=False)
-    for r in rels:
-        output.data(f"{r.release_id}\t{r.mode}\t{r.status}\t{r.created_at}\t"
-                    f"{'known-good' if r.known_good else ''}{' current' if r.current else ''}".rstrip())
     return 0
 
 

@@ -76,16 +76,22 @@ def env() -> int:
 @lab_app.command("fault")
 def fault(host: str = typer.Argument(..., help="ct129 or ct200"),
           name: str = typer.Argument(..., help="libcuda-missing, hang, crash-after-ready, slow-start, "
-                                               "accept-collapse, port-busy, stray-gpu-process, or clear")) -> int:
-    """Inject a fault into HOST, effective at the next start of its service (`clear` removes all).
+                                               "accept-collapse, port-busy, stray-gpu-process, or clear"),
+          every_start: bool = typer.Option(False, "--every-start",
+                                           help="Apply to every start until cleared, not only the next one.")) -> int:
+    """Inject a fault into HOST for the next start of its service (`clear` removes all).
+
+    The next start uses the fault up, so a rollback's start is clean; --every-start keeps it
+    (a host that stays broken). port-busy and stray-gpu-process are real processes on the host
+    and last until `clear`.
 
     Example: ddtree-ops lab fault ct129 libcuda-missing && ssh -F ... ct129 systemctl restart sglang
     """
     from ddtree_ops import output
     from ddtree_ops.lab import api
 
-    now = api.fault(host, name)
-    output.say(f"{host}: faults now {', '.join(now) or 'none'} (effective at the next service start)")
+    now = api.fault(host, name, every_start=every_start)
+    output.say(f"{host}: faults now {', '.join(now) or 'none'}")
     return 0
 
 

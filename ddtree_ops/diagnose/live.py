@@ -16,7 +16,9 @@ import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ddtree_ops import remote
 from ddtree_ops.diagnose.classify import Finding, Report, Scanner, choose_root
+from ddtree_ops.gpu import Gpu, GpuApp, parse_smi_apps, parse_smi_gpus
 
 if TYPE_CHECKING:
     from ddtree_ops.host import Host
@@ -75,13 +77,11 @@ def cmd_kernel_since(epoch: int | None) -> list[str]:
 
 
 def cmd_gpus() -> list[str]:
-    return ["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free",
-            "--format=csv,noheader,nounits"]
+    return remote.nvidia_smi_gpus()
 
 
 def cmd_gpu_apps() -> list[str]:
-    return ["nvidia-smi", "--query-compute-apps=gpu_uuid,pid,process_name,used_memory",
-            "--format=csv,noheader,nounits"]
+    return remote.nvidia_smi_apps()
 
 
 def cmd_service_pids(unit: str) -> list[str]:
@@ -181,44 +181,6 @@ def split_invocations(entries: list[Entry]) -> list[tuple[str, list[Entry]]]:
             order.append(inv)
         groups[inv].append(e)
     return [(inv, groups[inv]) for inv in order]
-
-
-@dataclass(frozen=True)
-class GpuObs:
-    index: int
-    uuid: str
-    name: str
-    total_mib: int
-    used_mib: int
-    free_mib: int
-
-
-@dataclass(frozen=True)
-class GpuAppObs:
-    gpu_uuid: str
-    pid: int
-    name: str
-    used_mib: int
-
-
-def _csv(text: str) -> list[list[str]]:
-    return [[p.strip() for p in line.split(",")] for line in text.splitlines() if line.strip()]
-
-
-def parse_gpus(text: str) -> list[GpuObs]:
-    out = []
-    for p in _csv(text):
-        if len(p) >= 6 and p[0].isdigit():
-            out.append(GpuObs(int(p[0]), p[1], p[2], _int(p[3]), _int(p[4]), _int(p[5])))
-    return out
-
-
-def parse_gpu_apps(text: str) -> list[GpuAppObs]:
-    out = []
-    for p in _csv(text):
-        if len(p) >= 4 and p[1].isdigit():
-            out.append(GpuAppObs(p[0], int(p[1]), p[2], _int(p[3])))
-    return out
 
 
 @dataclass(frozen=True)
@@ -364,8 +326,8 @@ class LiveDiagnosis:
     current: Report
     previous: list[Invocation] = field(default_factory=list)
     kernel: Report | None = None
-    gpus: list[GpuObs] = field(default_factory=list)
-    gpu_apps: list[GpuAppObs] = field(default_factory=list)
+    gpus: list[Gpu] = field(default_factory=list)
+    gpu_apps: list[GpuApp] = field(default_factory=list)
     service_pids: set[int] = field(default_factory=set)
     checks: list[Check] = field(default_factory=list)
     extra: list[Finding] = field(default_factory=list)  # from kernel, GPU and static checks
@@ -479,8 +441,8 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
     # GPU snapshot; a failing nvidia-smi is evidence too (driver/library mismatch)
     gres = host.run(cmd_gpus(), timeout=30)
     if gres.ok:
-        diag.gpus = parse_gpus(gres.stdout)
-        diag.gpu_apps = parse_gpu_apps(host.run(cmd_gpu_apps(), timeout=30).stdout)
+        diag.gpus = parse_smi_gpus(gres.stdout)[0]
+        diag.gpu_apps = parse_smi_apps(host.run(cmd_gpu_apps(), timeout=30).stdout)
         diag.service_pids = _pids_in_cgroup(host, unit) | ({u.main_pid} if u.main_pid else set())
         strays = [a for a in diag.gpu_apps if a.pid not in diag.service_pids]
         if strays:
@@ -497,6 +459,9 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
         sub = _classify_text(detail)
         if sub is not None:
             diag.extra.append(sub)
+
+    if current.memory.kv_tokens and diag.gpus:
+        diag.checks.append(check_memory(current, predict_memory(host, profile, mode, diag)))
 
     # static checks for DFlash-family modes
     speculative = mode in ("dflash", "ddtree-shadow")
@@ -522,6 +487,50 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
     if f is not None and not any(x.label == "hidden_capture_missing" for x in current.findings):
         diag.extra.append(f)
     return diag
+
+
+def predict_memory(host: Host, profile: Profile, mode: str | None, diag: LiveDiagnosis) -> Any:
+    """What preflight would predict for this start, from the same files and today's GPU."""
+    from ddtree_ops import memory
+
+    target_cfg = _read_json(host, f"{profile.service.model_path}/config.json")
+    if target_cfg is None or not diag.gpus:
+        return None
+    try:
+        target = memory.model_shape(target_cfg)
+        index = _read_json(host, f"{profile.service.model_path}/model.safetensors.index.json")
+        draft_path = profile.mode(mode).draft_model_path if mode else None
+        draft_cfg = _read_json(host, f"{draft_path}/config.json") if draft_path else None
+    except Exception:  # an unconfigured mode or unreadable config: no prediction, not a crash
+        return None
+    draft_cell = 0
+    if draft_cfg and mode in ("dflash", "ddtree-shadow"):
+        draft_cell = memory.model_shape(draft_cfg).cell_bytes(profile.memory.kv_cache_dtype)
+    gpu = diag.gpus[0]
+    others = sum(a.used_mib for a in diag.gpu_apps if a.pid not in diag.service_pids)
+    return memory.plan(gpu_total_mib=gpu.memory_total_mib, free_mib=gpu.memory_total_mib - others,
+                       target=target, weights=memory.weights_bytes(target_cfg, index), draft_cell=draft_cell,
+                       draft_weights=memory.draft_weights_bytes(draft_cfg, target) if draft_cfg else 0,
+                       mem_fraction_static=profile.memory.mem_fraction_static,
+                       context_length=profile.memory.context_length,
+                       concurrency=profile.memory.max_running_requests, kv_cache_dtype=profile.memory.kv_cache_dtype,
+                       page_size=profile.memory.page_size)
+
+
+def check_memory(report: Report, plan: Any) -> Check:
+    """SGLang's own KV sizing from its log against the preflight formula: a gap means an input
+    the formula did not see (other processes, a different checkpoint, other settings)."""
+    seen = report.memory.kv_tokens or 0
+    if plan is None:
+        return Check("KV pool vs preflight", "skip", f"SGLang sized {seen:,} tokens; no prediction (configs unreadable)")
+    gap = abs(seen - plan.tokens) / max(plan.tokens, 1)
+    detail = (f"SGLang sized the KV pool at {seen:,} tokens; the preflight formula predicts {plan.tokens:,} "
+              f"({gap:.1%} apart)")
+    if report.memory.available_gpu_mem_gb is not None:
+        detail += f"; available_gpu_mem={report.memory.available_gpu_mem_gb:g} GB after startup"
+    return Check("KV pool vs preflight", "ok" if gap <= 0.10 else "warn",
+                 detail if gap <= 0.10 else detail + ": the server saw different inputs than the profile "
+                 "describes (GPU memory held elsewhere, another checkpoint or other flags)")
 
 
 def describe_argv(argv: list[str]) -> str:

@@ -123,7 +123,7 @@ def _render_live_tail(con: Console, live: LiveDiagnosis) -> None:
     if live.gpus or live.gpu_apps:
         con.print("\n[bold]GPU[/]")
         for g in live.gpus:
-            con.print(f"  {g.index}: {_esc(g.name)}  {g.used_mib}/{g.total_mib} MiB used")
+            con.print(f"  {g.index}: {_esc(g.name)}  {g.memory_used_mib}/{g.memory_total_mib} MiB used")
         for a in live.gpu_apps:
             mark = "" if a.pid == live.unit.main_pid or a.pid in live.service_pids else "  [yellow](not this service)[/]"
             con.print(f"  pid {a.pid} {_esc(a.name)} {a.used_mib} MiB{mark}")

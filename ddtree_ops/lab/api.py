@@ -19,7 +19,9 @@ from ddtree_ops.lab.machine import HOSTS, HostState, LabState
 from ddtree_ops.lab.paths import Paths
 
 ENV_VAR = "DDTREE_OPS_SSH_CONFIG"
-# read by the stand-in at the next start of the service
+# read by the stand-in at the next start of the service, which uses them up; a line ending in
+# EVERY_START stays and applies to every start until `clear`
+EVERY_START = "@every-start"
 FILE_FAULTS = ("libcuda-missing", "hang", "crash-after-ready", "slow-start", "accept-collapse")
 # made real by a process on the host (so the stand-in meets them, it is not told about them)
 PROCESS_FAULTS = ("port-busy", "stray-gpu-process")
@@ -175,7 +177,8 @@ def _host(paths: Paths, name: str) -> tuple[HostState, int]:
 
 
 def faults_file(paths: Paths, name: str) -> Path:
-    return paths.host_root(name) / "etc/ddtree-lab/faults"
+    # under /var: the unit has ProtectSystem=full, and the stand-in must be able to use faults up
+    return paths.host_root(name) / "var/lib/ddtree-lab/faults"
 
 
 def read_faults(paths: Paths, name: str) -> list[str]:
@@ -185,14 +188,19 @@ def read_faults(paths: Paths, name: str) -> list[str]:
         return []
 
 
-def fault(name: str, fault_name: str, paths: Paths | None = None) -> list[str]:
-    """Inject a fault (effective at the next start of the service) or `clear` them all; returns the
-    faults now set on the host."""
+def fault(name: str, fault_name: str, paths: Paths | None = None, *, every_start: bool = False) -> list[str]:
+    """Inject a fault or `clear` them all; returns the faults now set on the host.
+
+    A file fault applies to the next start of the service only (the stand-in uses it up), so a
+    rollback's own start is clean, as when a deploy broke something the known-good release does
+    not touch; `every_start` keeps it for every start until cleared (a broken host). Process
+    faults (port-busy, stray-gpu-process) are real processes and last until `clear`."""
     paths = paths or Paths.default()
     _sys.require_root()
     if fault_name != "clear" and fault_name not in FAULTS:
         raise UsageError(f"unknown fault {fault_name!r}; one of: {', '.join(FAULTS)}, clear")
     h, init = _host(paths, name)
+    faults_file(paths, name).parent.mkdir(parents=True, exist_ok=True)
     current = read_faults(paths, name)
     if fault_name == "clear":
         for unit in FAULT_UNITS.values():
@@ -202,8 +210,8 @@ def fault(name: str, fault_name: str, paths: Paths | None = None) -> list[str]:
         return []
     if fault_name in PROCESS_FAULTS:
         _start_fault_process(paths, name, init, fault_name)
-    if fault_name not in current:
-        current.append(fault_name)
+    entry = fault_name + (EVERY_START if every_start and fault_name in FILE_FAULTS else "")
+    current = [f for f in current if f.removesuffix(EVERY_START) != fault_name] + [entry]
     faults_file(paths, name).write_text("".join(f + "\n" for f in current))
     return current
 
@@ -240,7 +248,8 @@ class Lab:
     hosts                     ["ct129", "ct200"]
     address(host)             its address (10.200.0.N)
     connect(host)             the tool's own Host (ddtree_ops.ssh) over real SSH; a context manager
-    fault(host, name)         inject a fault for the next service start; clear(host) removes all
+    fault(host, name)         inject a fault for the next service start (every_start=True: every start);
+                              clear(host) removes all
     restore(host)             clear faults and reinstall + restart the NEXTN service, healthy
     exec(host, argv)          machine-level command inside the host (test setup only, not the tool's path)
     env                       {"DDTREE_OPS_SSH_CONFIG": ...} to merge into a subprocess environment
@@ -268,8 +277,8 @@ class Lab:
     def connect(self, host: str) -> Any:
         return connect(self.paths, host)
 
-    def fault(self, host: str, name: str) -> list[str]:
-        return fault(host, name, self.paths)
+    def fault(self, host: str, name: str, *, every_start: bool = False) -> list[str]:
+        return fault(host, name, self.paths, every_start=every_start)
 
     def clear(self, host: str) -> None:
         fault(host, "clear", self.paths)

@@ -35,7 +35,7 @@ no model is loaded, the KV pool is sized with SGLang's formula against the simul
 lines and endpoints are reproduced) and /usr/bin/nvidia-smi (reads /etc/ddtree-lab/gpu.json and the
 processes registered in /run/ddtree-lab/gpu/). NVML is not simulated: pynvml fails with
 NVMLError_LibraryNotFound as on a host without the NVIDIA driver.
-Faults for the next service start: /etc/ddtree-lab/faults (set with `ddtree-ops lab fault HOST NAME`).
+Faults for the next service start: /var/lib/ddtree-lab/faults (set with `ddtree-ops lab fault HOST NAME`).
 """
 
 

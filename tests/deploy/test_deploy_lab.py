@@ -60,15 +60,20 @@ def assert_known_good_serving(lab: Any, host: str) -> None:
 
 @pytest.fixture
 def ct129(lab: Any) -> Any:
-    """ct129 on its NEXTN baseline before and after the test, whatever the test did."""
+    """ct129 on its NEXTN known-good release before and after the test, whatever the test did."""
+    lab.clear("ct129")
+    res = cli(lab, "deploy", "ct129", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
+    assert res.returncode == 0, res.stderr[-3000:]
     yield "ct129"
     lab.clear("ct129")
-    res = cli(lab, "rollback", "ct129")
+    res = cli(lab, "deploy", "ct129", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
     assert res.returncode == 0, res.stderr[-3000:]
     assert_known_good_serving(lab, "ct129")
 
 
 def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
+    res = cli(lab, "deploy", "ct200", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
+    assert res.returncode == 0, res.stderr[-2000:]
     p = prof("ct200")
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
         out = deploy(h, p, "ddtree-shadow", assume_yes=True)
@@ -81,14 +86,10 @@ def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
         assert unit_state(h, p.service.unit).main_pid == pid  # not restarted
         info = h.http("GET", p.service.port, "/server_info").json()
         assert info["speculative_algorithm"] == "DDTREE"
-    res = cli(lab, "rollback", "ct200", "--to", "nextn-" + _release_suffix(lab, "ct200", "nextn"))
+    # back to the NEXTN baseline the way an operator would: deploy it
+    res = cli(lab, "deploy", "ct200", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
     assert res.returncode == 0, res.stderr[-2000:]
-
-
-def _release_suffix(lab: Any, host: str, mode: str) -> str:
-    from ddtree_ops.render import render
-
-    return render(prof(host), mode).release_id.split("-", 1)[1]
+    assert_known_good_serving(lab, "ct200")
 
 
 def test_story_attempt_1_refused_by_preflight_and_nothing_changes(lab: Any, ct129: str) -> None:
@@ -110,11 +111,16 @@ def test_crash_at_start_fails_fast_names_the_cause_and_rolls_back(lab: Any, ct12
     res = cli(lab, "deploy", ct129, "--mode", "ddtree-shadow", "--yes", "--json", *sum((["--set", s] for s in FAST), []))
     assert res.returncode == DeployExit.ROLLED_BACK, res.stderr[-3000:]
     doc = json.loads(res.stdout)
-    assert doc["result"] == "rolled-back"
+    assert doc["schema_version"] == 1 and doc["result"] == "rolled-back"
     assert doc["diagnosis"]["root_cause"]["label"] == "cuda_lib_load"
+    assert "libcuda.so.1" in doc["diagnosis"]["root_cause"]["evidence"]
     assert doc["gate"]["elapsed_s"] < 30  # failed on the crash line, not at the 900 s deadline
     assert doc["rollback_gate"]["passed"]
-    assert "root cause" in res.stderr and "cuda_lib_load" in res.stderr
+    # the human report names the cause and the remedy on stderr
+    lab.fault(ct129, "libcuda-missing")
+    human = cli(lab, "deploy", ct129, "--mode", "ddtree-shadow", "--yes", *sum((["--set", s] for s in FAST), []))
+    assert human.returncode == DeployExit.ROLLED_BACK
+    assert "root cause: cuda_lib_load" in human.stderr and "remedy:" in human.stderr
 
 
 def test_crash_after_ready_inside_the_stay_window(lab: Any, ct129: str) -> None:
@@ -137,7 +143,7 @@ def test_never_ready_fails_at_the_deadline(lab: Any, ct129: str) -> None:
 
 
 def test_rollback_whose_own_gate_fails_exits_2_and_says_so(lab: Any, ct129: str) -> None:
-    lab.fault(ct129, "libcuda-missing")  # breaks every start, the NEXTN baseline's too
+    lab.fault(ct129, "libcuda-missing", every_start=True)  # breaks the NEXTN baseline's start too
     p = prof(ct129)
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
         out = deploy(h, p, "dflash", assume_yes=True)
@@ -192,21 +198,20 @@ class DroppingHost:
         return getattr(self._inner, name)
 
 
-def test_ssh_drop_mid_install_leaves_a_pending_record_that_rollback_repairs(lab: Any, ct129: str) -> None:
+def test_ssh_drop_mid_install_reconnects_and_rolls_back(lab: Any, ct129: str) -> None:
     p = prof(ct129)
-    with connect(p, ssh_config=str(lab.ssh_config)) as h:
-        out = deploy(DroppingHost(h, ".service.ddtree-new"), p, "dflash", assume_yes=True)
-    assert out.exit_code == DeployExit.DEGRADED and "pending record" in out.reason
     unit_path = f"/etc/systemd/system/{p.service.unit}"
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
-        assert read_pending(h, layout_of(p)) is not None
-        assert h.get(f"{unit_path}.ddtree-new") is not None  # staged, never renamed into place
-        assert b"mode=nextn" in h.get(unit_path)  # the installed unit is still the known-good one
-        assert unit_state(h, p.service.unit).running  # the old service never stopped
-    res = cli(lab, "rollback", ct129)
-    assert res.returncode == 0, res.stderr[-3000:]
+        pid = unit_state(h, p.service.unit).main_pid
+        out = deploy(DroppingHost(h, ".service.ddtree-new"), p, "dflash", assume_yes=True)
+    assert out.exit_code == DeployExit.ROLLED_BACK, out.reason
+    assert "connection dropped while installing" in out.reason
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
-        assert h.get(f"{unit_path}.ddtree-new") is None  # the stale staging file is gone
+        assert read_pending(h, layout_of(p)) is None
+        assert h.get(f"{unit_path}.ddtree-new") is None  # the staged copy never renamed in is gone
+        assert b"mode=nextn" in h.get(unit_path)
+        assert unit_state(h, p.service.unit).main_pid != pid  # the rollback restarted the known-good unit
+    assert_known_good_serving(lab, ct129)
 
 
 def test_full_disk_while_writing_the_unit_leaves_no_partial_file(lab: Any, ct129: str) -> None:

@@ -52,7 +52,7 @@ def profile() -> Any:
 
 
 def _host(profile: Any, fixture: str, *, unit_result: str = "exit-code", exec_start: str = "--speculative-algorithm DDTREE",
-          kernel: str = "", smi: tuple[str, int, str] = ("0, GPU-1, NVIDIA RTX A6000, 49140, 120, 49020", 0, ""),
+          kernel: str = "", smi: tuple[str, int, str] = ("0, GPU-1, NVIDIA RTX A6000, 49140, 120, 49020, 8.6, 580.95.05", 0, ""),
           apps: str = "", plugin: dict[str, Any] | None = None, draft_cfg: dict[str, Any] | None = None) -> FakeHost:
     unit = profile.service.unit
     h = FakeHost()

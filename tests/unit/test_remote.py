@@ -15,7 +15,8 @@ def test_install_and_restart_commands() -> None:
         "mv", "-f", "-T", "--", "/etc/systemd/system/sglang.service.ddtree-new", "/etc/systemd/system/sglang.service"]
     assert remote.daemon_reload() == ["systemctl", "daemon-reload"]
     assert remote.reset_failed("sglang.service") == ["systemctl", "reset-failed", "--", "sglang.service"]
-    assert remote.restart("sglang.service") == ["systemctl", "restart", "--no-block", "--", "sglang.service"]
+    assert remote.restart("sglang.service") == [
+        "sh", "-c", 'systemctl stop -- "$1"; systemctl start --no-block -- "$1"', "sh", "sglang.service"]
     assert remote.mkdir_lock("/var/lib/ddtree-ops/sglang/lock") == ["mkdir", "--", "/var/lib/ddtree-ops/sglang/lock"]
     assert remote.pip_install("/opt/v/bin/python", "/tmp/x.whl")[:6] == [
         "/opt/v/bin/python", "-m", "pip", "install", "--no-deps", "--no-index"]

@@ -25,7 +25,7 @@ from typing import Any, Optional
 from . import STANDIN_LABEL, SGLANG_VERSION, behaviour, memory, sglog, simgpu
 from .http import State, serve
 
-FAULTS_FILE = Path(os.environ.get("DDTREE_LAB_FAULTS", "/etc/ddtree-lab/faults"))
+FAULTS_FILE = Path(os.environ.get("DDTREE_LAB_FAULTS", "/var/lib/ddtree-lab/faults"))
 GB = memory.GIB  # SGLang's "GB" in log lines is GiB (bytes / 2**30)
 WARMUP_PROMPT = "The capital city of France is"
 
@@ -97,12 +97,23 @@ def load_model_config(path: Optional[str]) -> tuple[dict[str, Any], Optional[dic
     return cfg, index
 
 
+EVERY_START = "@every-start"
+
+
 def read_faults() -> frozenset[str]:
+    """The faults for this start. Plain entries are used up here (they mean "the next start");
+    entries marked @every-start stay in the file."""
     try:
-        return frozenset(line.strip() for line in FAULTS_FILE.read_text().splitlines()
-                         if line.strip() and not line.startswith("#"))
+        lines = [ln.strip() for ln in FAULTS_FILE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     except OSError:
         return frozenset()
+    keep = [ln for ln in lines if ln.endswith(EVERY_START)]
+    if len(keep) != len(lines):
+        try:
+            FAULTS_FILE.write_text("".join(ln + "\n" for ln in keep))
+        except OSError:
+            pass
+    return frozenset(ln.removesuffix(EVERY_START) for ln in lines)
 
 
 def _graph_disabled(sa: Any) -> bool:

@@ -1,0 +1,322 @@
+"""Engine benchmarks: tree build, verify cost against tree size, decode tokens/s and tau by budget.
+
+    python bench/engine_bench.py treebuild [--budgets 16,64,256,1024] [--vocab 151936] [--depth 15]
+    python bench/engine_bench.py verify [--context 2048] [--layers 36]      # Qwen3-8B-shaped, random bf16
+    python bench/engine_bench.py decode --model smollm2|gguf:PATH|random [--budgets 16,32,64]
+    ... --out DIR writes one JSON per section; a table goes to stdout.
+
+Runs on CPU (small sizes, to check the script) and on a GPU (the figures). Heap builds are timed
+from draft logits on the device to a host tree: top-k, the device-to-host copy and the heap.
+Vectorised builds are timed from the same logits to device tensors (tokens, parents, depths,
+visibility), eager and as one CUDA graph replay. GPU times are medians of CUDA-event or
+synchronised wall-clock timings after warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from ddtree_ops.engine.tree import (  # noqa: E402
+    TreeBuilder,
+    ancestor_matrix,
+    budget_topk,
+    build_tree_heap,
+    draft_topk,
+    select_tree,
+)
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], Any], device: torch.device, reps: int, warm: int = 3) -> float:
+    for _ in range(warm):
+        fn()
+    sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def graph_time(graph: Any, device: torch.device, reps: int) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        graph.replay()
+    times = []
+    for _ in range(reps):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def draft_like_logits(depth: int, vocab: int, device: torch.device, seed: int) -> torch.Tensor:
+    """Peaked like a trained drafter: one strong token per depth over a noisy rest, so trees
+    branch near the top and deepen along the likely path."""
+    import math
+
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    logits = torch.randn((depth, vocab), generator=gen)
+    rows = torch.arange(depth)
+    # top-1 probability ~0.8 at depth 1 falling to ~0.4 at depth L, a runner-up at ~1/8 of it
+    p = torch.linspace(0.8, 0.4, depth)
+    base = math.log(vocab) + 0.5
+    first = torch.randint(0, vocab, (depth,), generator=gen)
+    second = (first + 1 + torch.randint(0, vocab - 1, (depth,), generator=gen)) % vocab
+    logits[rows, first] = base + torch.log(p / (1 - p))
+    logits[rows, second] = base + torch.log(p / (1 - p)) - math.log(8.0)
+    return logits.to(device=device, dtype=torch.bfloat16)
+
+
+def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    rows = []
+    for budget in args.budgets:
+        logits = draft_like_logits(args.depth, args.vocab, device, seed=budget)
+        k = budget_topk(budget, args.vocab)
+
+        def heap() -> Any:
+            return build_tree_heap(draft_topk(logits, k), budget, 1)   # tolist() inside = the D2H copy
+
+        def vec() -> Any:
+            top = draft_topk(logits, k)
+            out = select_tree(top.scores, top.tokens, budget)
+            return out, ancestor_matrix(torch.cat([out[1].new_tensor([-1]), out[1]]), args.depth)
+
+        def topk_only() -> Any:
+            return draft_topk(logits, k)
+
+        ref = heap()
+        n = ref.size
+        row = {"budget": budget, "k": k, "nodes": n, "max_depth": int(ref.depths.max()),
+               "topk_s": median_time(topk_only, device, args.reps),
+               "heap_s": median_time(heap, device, args.reps),
+               "vector_eager_s": median_time(vec, device, args.reps)}
+        for how in ("topk", "sort"):
+            builder = TreeBuilder(args.depth, args.vocab, budget, device, logits_dtype=logits.dtype, how=how)
+            builder.capture()
+            out = builder.build(logits, 1)
+            row[f"same_tree_{how}"] = (out["tokens"][:n].cpu().tolist() == ref.tokens.tolist()
+                                       and out["parents"][:n].cpu().tolist() == ref.parents.tolist())
+            if device.type == "cuda":
+                row[f"vector_graph_{how}_s"] = graph_time(builder.graph, device, args.reps)
+                # the graph's own top-k over the vocabulary, for the split
+        if device.type == "cuda":
+            row["vector_graph_s"] = min(row["vector_graph_topk_s"], row["vector_graph_sort_s"])
+        same = row["same_tree_topk"] and row["same_tree_sort"]
+        best = row.get("vector_graph_s", row["vector_eager_s"])
+        row["speedup_vs_heap"] = row["heap_s"] / best
+        rows.append(row)
+        print(f"B={budget:5d} nodes={n:5d} depth={row['max_depth']:2d} same={same} "
+              f"topk {row['topk_s'] * 1e6:8.1f} us  heap {row['heap_s'] * 1e6:9.1f} us  "
+              f"vec-eager {row['vector_eager_s'] * 1e6:8.1f} us  "
+              f"vec-graph topk {row.get('vector_graph_topk_s', float('nan')) * 1e6:8.1f} us "
+              f"sort {row.get('vector_graph_sort_s', float('nan')) * 1e6:8.1f} us  x{row['speedup_vs_heap']:.1f}",
+              flush=True)
+    return {"depth": args.depth, "vocab": args.vocab, "rows": rows}
+
+
+def bench_verify(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """Cost of one target forward over N new tokens against a context of P, Qwen3-8B shapes.
+
+    The engine's own path: DynamicCache, the chain without a mask (causal), the tree with the
+    ancestor-only mask and depth positions; the cache is cropped back to P after each forward.
+    Graph timings capture that forward once per N and replay it (the context stays P)."""
+    from ddtree_ops.engine.models import shaped_like
+    from ddtree_ops.engine.verify import crop_kv, forward, tree_mask
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = shaped_like("qwen3-8b", layers=args.layers, dtype=dtype, device=str(device))
+    vocab = model.config.vocab_size
+    ctx = args.context
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    with torch.inference_mode():
+        _, cache, _ = forward(model, torch.randint(0, vocab, (ctx,), generator=gen), torch.arange(ctx), None)
+    rows = []
+    for n in [n for n in args.sizes if n <= args.max_tokens]:
+        # a bushy tree of n tokens (root + n - 1 nodes): node i's parent is (i - 1) // 2
+        parents = torch.tensor([-1] + [(i - 1) // 2 for i in range(1, n)], device=device)
+        vis = ancestor_matrix(parents)
+        depths = (vis.sum(dim=1) - 1).cpu()
+        ids = torch.randint(0, vocab, (n,), generator=gen).to(device)   # on the device: graph-capturable
+        row: dict[str, Any] = {"tokens": n, "tree_depth": int(depths.max())}
+        variants = (("chain", None, torch.arange(ctx, ctx + n, device=device)),
+                    ("tree", tree_mask(vis, ctx, dtype), (ctx + depths).to(device)))
+        for label, mask, pos in variants:
+            def fwd(mask: Any = mask, pos: torch.Tensor = pos) -> Any:
+                logits, _, _ = forward(model, ids, pos, cache, mask)
+                crop_kv(cache, ctx)
+                return logits
+            with torch.inference_mode():
+                row[f"{label}_eager_s"] = median_time(fwd, device, args.reps)
+                if device.type == "cuda" and not args.no_graphs:
+                    keep = [(layer.keys, layer.values) for layer in cache.layers]   # the context the graph reads
+                    try:
+                        graph = torch.cuda.CUDAGraph()
+                        s = torch.cuda.Stream()
+                        s.wait_stream(torch.cuda.current_stream())
+                        with torch.cuda.stream(s):
+                            for _ in range(2):
+                                fwd()
+                        torch.cuda.current_stream().wait_stream(s)
+                        with torch.cuda.graph(graph):
+                            forward(model, ids, pos, cache, mask)
+                        for layer, (k, v) in zip(cache.layers, keep):
+                            layer.keys, layer.values = k, v
+                        row[f"{label}_graph_s"] = graph_time(graph, device, args.reps)
+                        del graph
+                    except Exception as exc:      # report, do not hide
+                        for layer, (k, v) in zip(cache.layers, keep):
+                            layer.keys, layer.values = k, v
+                        row[f"{label}_graph_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        rows.append(row)
+        print(f"N={n:5d} chain eager {row['chain_eager_s'] * 1e3:8.3f} ms graph "
+              f"{row.get('chain_graph_s', float('nan')) * 1e3:8.3f} ms | tree eager {row['tree_eager_s'] * 1e3:8.3f} ms "
+              f"graph {row.get('tree_graph_s', float('nan')) * 1e3:8.3f} ms", flush=True)
+        for key in ("chain_graph_error", "tree_graph_error"):
+            if key in row:
+                print(f"  {key}: {row[key]}", flush=True)
+    return {"model": "qwen3-8b-shaped (random weights)", "layers": args.layers, "context": ctx,
+            "dtype": str(dtype), "rows": rows}
+
+
+def _cache_kw(model: Any) -> str:
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def load_decode_model(spec: str, device: torch.device) -> tuple[Any, str]:
+    from ddtree_ops.engine.models import load_model, shaped_like
+
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if spec == "smollm2":
+        model, _ = load_model("smollm2", dtype=dtype, device=str(device))
+        return model, "SmolLM2-135M-Instruct (Q4_1 GGUF weights, converted)"
+    if spec.startswith("gguf:"):
+        from transformers import AutoModelForCausalLM
+
+        path = Path(spec[5:])
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype,
+                                                     attn_implementation="sdpa")
+        return model.to(device).eval(), "SmolLM2-135M-Instruct (Q4_1 GGUF weights)"
+    return shaped_like("smollm2-135m", dtype=dtype, device=str(device)), "SmolLM2-135M-shaped, RANDOM weights"
+
+
+def bench_decode(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    from ddtree_ops.engine.decoder import Decoder
+    from ddtree_ops.engine.drafters import NGramDrafter
+
+    model, label = load_decode_model(args.model, device)
+    prompts = json.loads(Path(args.prompts).read_text()) if args.prompts else None
+    if prompts is None:
+        from ddtree_ops.engine.models import load_model
+        from ddtree_ops.engine.verify_cmd import PROMPTS, encode_prompt
+
+        _, tok = load_model("smollm2")
+        prompts = [encode_prompt(tok, t) for t in PROMPTS[: args.n_prompts]]
+    prompts = prompts[: args.n_prompts]
+    eos = int(getattr(model.config, "eos_token_id", None) or 2)
+    drafter = NGramDrafter(model.config.vocab_size, horizon=args.horizon)
+    Decoder(model).generate(prompts[0], 4, "ar")                    # warm-up
+    runs: dict[str, Any] = {}
+    for mode, budget in [("ar", 0), ("chain", args.horizon)] + [("tree", b) for b in args.budgets]:
+        dec = Decoder(model, drafter, budget=max(budget, 1), eos_token_id=eos,
+                      builder="vector" if device.type == "cuda" else "heap")
+        tokens = rounds = 0
+        secs = 0.0
+        outs = []
+        for ids in prompts:
+            r = dec.generate(ids, args.max_new_tokens, mode)
+            tokens += len(r.tokens)
+            rounds += r.rounds
+            secs += r.elapsed_s
+            outs.append(r.tokens)
+        key = mode if mode != "tree" else f"tree_B{budget}"
+        runs[key] = {"tokens": tokens, "seconds": round(secs, 3), "tokens_per_s": round(tokens / secs, 2),
+                     "rounds": rounds, "tau": round(sum(len(o) for o in outs) / rounds, 4) if rounds else None,
+                     "same_as_ar": None if mode == "ar" else outs == runs.get("_ar_out")}
+        if mode == "ar":
+            runs["_ar_out"] = outs
+            # tau convention: tokens per verify round incl. bonus; AR is 1 by definition
+            runs[key]["tau"] = 1.0
+        print(f"{key:10s} {runs[key]['tokens_per_s']:8.2f} tok/s  tau {runs[key]['tau']}  rounds {rounds}  "
+              f"same_as_ar {runs[key]['same_as_ar']}", flush=True)
+    runs.pop("_ar_out")
+    return {"model": label, "device": str(device), "horizon": args.horizon, "max_new_tokens": args.max_new_tokens,
+            "prompts": len(prompts), "drafter": "n-gram prompt lookup", "runs": runs}
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads()}
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    info["cpu"] = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), None)
+    return info
+
+
+def main() -> None:
+    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("sections", nargs="+", choices=["treebuild", "verify", "decode"])
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--budgets", type=ints, default=[16, 64, 256, 1024])
+    ap.add_argument("--vocab", type=int, default=151936)
+    ap.add_argument("--depth", type=int, default=15)
+    ap.add_argument("--context", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=36)
+    ap.add_argument("--sizes", type=ints, default=[1, 2, 4, 8, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513,
+                                                   1024, 1025])
+    ap.add_argument("--max-tokens", type=int, default=1025)
+    ap.add_argument("--no-graphs", action="store_true")
+    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--prompts", default=None, help="JSON list of token-id lists (pretokenised elsewhere)")
+    ap.add_argument("--n-prompts", type=int, default=6)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--horizon", type=int, default=15)
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    results: dict[str, Any] = {"machine": machine(device)}
+    print(json.dumps(results["machine"]), flush=True)
+    for section in args.sections:
+        t0 = time.perf_counter()
+        print(f"== {section}", flush=True)
+        results[section] = {"treebuild": bench_treebuild, "verify": bench_verify, "decode": bench_decode}[section](args, device)
+        results[section]["wall_s"] = round(time.perf_counter() - t0, 1)
+        if args.out:
+            args.out.mkdir(parents=True, exist_ok=True)
+            (args.out / f"engine_{section}.json").write_text(json.dumps({"machine": results["machine"],
+                                                                         **results[section]}, indent=2))
+    if os.environ.get("ENGINE_BENCH_JSON"):
+        print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

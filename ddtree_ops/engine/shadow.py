@@ -1,0 +1,233 @@
+"""Shadow-linear accounting: commit the chain, measure the tree beside it, decide on evidence.
+
+Per round the chain's verify result is what is committed. On a share of rounds the tree built
+from the same draft distributions is verified too, against the same context, and its exact
+acceptance recorded (the target's logits under every tree node); on every round a lower bound
+is derived from the chain's logits alone (the tree follows the chain's spine as far as the chain
+accepted, then gains a token if the chain's bonus is a sibling there). Verify costs are recorded
+for both, since the tree's extra acceptance has to pay for its wider forward.
+
+The promotion call uses a paired test over rounds (the vLLM port's lesson: compare real step
+counts of the same rounds, not a trace replayed under another policy) on the cost-adjusted
+difference tree_tokens - r * chain_tokens, r being the measured cost ratio per round. It is
+still a counterfactual measurement: the rounds follow the chain's commits. `engine verify`
+also runs chain and tree end to end, whose per-prompt round counts are the real A/B.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ddtree_ops.engine.tree import Tree
+
+PROMOTE, KEEP_CHAIN, INCONCLUSIVE = "promote-tree", "keep-chain", "inconclusive"
+
+
+@dataclass
+class RoundRecord:
+    chain_tokens: int                     # tokens this round, bonus included (len of accepted path)
+    chain_verify_s: float
+    chain_nodes: int
+    tree_lower: int                       # lower bound on the tree's tokens from chain logits only
+    draft_s: float = 0.0
+    tree_tokens: int | None = None        # exact, on sampled rounds
+    tree_verify_s: float | None = None
+    tree_build_s: float | None = None
+    tree_nodes: int | None = None
+    sibling_depths: list[int] = field(default_factory=list)   # depths where the tree path left rank 0
+
+
+def spine_lower_bound(tree: Tree, chain_tokens: list[int], chain_accepted: int, bonus: int) -> int:
+    """What the tree surely accepts given only the chain's verify: tokens incl. the bonus.
+
+    Greedy: along the chain's accepted tokens the target's choices are the same under the tree
+    (same ancestors), so the tree walks the spine as far as it holds it; if it holds all of it,
+    the chain's bonus is the target's choice there too, and if that is a child in the tree the
+    tree accepts one node more. Deeper gains need the target's logits under that sibling.
+    """
+    children = tree.children()
+    node, depth = 0, 0
+    for tok in chain_tokens[1:chain_accepted + 1]:
+        nxt = children[node].get(tok)
+        if nxt is None:
+            return depth + 1
+        node, depth = nxt, depth + 1
+    return depth + 1 + (1 if bonus in children[node] else 0)
+
+
+def sign_test(diffs: list[float]) -> tuple[float, float, int]:
+    """One-sided exact sign tests. Returns (p that median > 0, p that median < 0, n non-zero)."""
+    pos = sum(1 for d in diffs if d > 0)
+    neg = sum(1 for d in diffs if d < 0)
+    n = pos + neg
+    if n == 0:
+        return 1.0, 1.0, 0
+    tail = lambda k: sum(math.comb(n, i) for i in range(k, n + 1)) / 2 ** n  # noqa: E731
+    return tail(pos), tail(neg), n
+
+
+@dataclass
+class ShadowReport:
+    rounds: int
+    sampled_rounds: int
+    tau_chain: float
+    tau_chain_sampled: float | None
+    tau_tree: float | None
+    tau_tree_lower: float
+    chain_hist: dict[int, int]
+    tree_hist: dict[int, int]
+    sibling_hits: list[int]                # per depth 1..L: rounds whose tree path used a rank>0 node
+    chain_cost_s: float | None             # mean draft + verify seconds per round
+    tree_cost_s: float | None              # mean draft + build + verify seconds per round
+    cost_ratio: float | None
+    projected_speedup: float | None        # (tau_tree / tau_chain) / cost_ratio on sampled rounds
+    p_tree_better: float | None
+    p_tree_worse: float | None
+    recommendation: str
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class ShadowLedger:
+    """Accumulates rounds; `report()` gives the figures and the call."""
+
+    def __init__(self, horizon: int, min_rounds: int = 20, alpha: float = 0.05) -> None:
+        self.horizon, self.min_rounds, self.alpha = horizon, min_rounds, alpha
+        self.records: list[RoundRecord] = []
+
+    def add(self, record: RoundRecord) -> None:
+        self.records.append(record)
+
+    def _bound_report(self, ratio: float) -> ShadowReport:
+        return _bound_report_impl(self, ratio)
+
+    def report(self, cost_ratio: float | None = None) -> ShadowReport:
+        """Exact tree figures from the sampled rounds. Without any (the serving path), the paired
+        test runs on the lower bound with the given cost ratio: enough to justify a promotion,
+        never a rejection, since the exact tree can only do better than its bound."""
+        recs = self.records
+        sampled = [r for r in recs if r.tree_tokens is not None]
+        if not sampled and cost_ratio is not None:
+            return self._bound_report(cost_ratio)
+        mean = lambda xs: statistics.fmean(xs) if xs else None  # noqa: E731
+        hits = [0] * self.horizon
+        for r in sampled:
+            for d in r.sibling_depths:
+                if 1 <= d <= self.horizon:
+                    hits[d - 1] += 1
+        chain_cost = mean([r.draft_s + r.chain_verify_s for r in sampled])
+        tree_cost = mean([r.draft_s + (r.tree_build_s or 0.0) + (r.tree_verify_s or 0.0) for r in sampled])
+        ratio = cost_ratio
+        if ratio is None and chain_cost and tree_cost:
+            ratio = tree_cost / chain_cost
+        tau_tree = mean([float(r.tree_tokens) for r in sampled])  # type: ignore[arg-type]
+        tau_chain_s = mean([float(r.chain_tokens) for r in sampled])
+        speedup = None
+        if tau_tree and tau_chain_s and ratio:
+            speedup = (tau_tree / tau_chain_s) / ratio
+        p_better = p_worse = None
+        if ratio is None or len(sampled) < self.min_rounds:
+            call, why = INCONCLUSIVE, (f"{len(sampled)} sampled rounds; need at least {self.min_rounds} "
+                                       "with both verify costs measured")
+        else:
+            diffs = [float(r.tree_tokens) - ratio * r.chain_tokens for r in sampled]  # type: ignore[arg-type]
+            p_better, p_worse, n = sign_test(diffs)
+            if p_better < self.alpha and statistics.fmean(diffs) > 0:
+                call, why = PROMOTE, (f"tree beats chain after its {ratio:.2f}x verify cost in {n} paired "
+                                      f"rounds (sign test p={p_better:.3g}); confirm with an A/B of real "
+                                      "step counts before switching")
+            elif p_worse < self.alpha:
+                call, why = KEEP_CHAIN, (f"the tree's extra acceptance does not pay for its {ratio:.2f}x "
+                                         f"verify cost (sign test p={p_worse:.3g} that it is worse)")
+            else:
+                call, why = INCONCLUSIVE, (f"no significant difference over {n} non-tied rounds "
+                                           f"(p better={p_better:.3g}, p worse={p_worse:.3g})")
+        return ShadowReport(
+            rounds=len(recs), sampled_rounds=len(sampled),
+            tau_chain=mean([float(r.chain_tokens) for r in recs]) or 0.0,
+            tau_chain_sampled=tau_chain_s, tau_tree=tau_tree,
+            tau_tree_lower=mean([float(r.tree_lower) for r in recs]) or 0.0,
+            chain_hist=dict(sorted(Counter(r.chain_tokens for r in recs).items())),
+            tree_hist=dict(sorted(Counter(r.tree_tokens for r in sampled).items())),  # type: ignore[arg-type]
+            sibling_hits=hits, chain_cost_s=chain_cost, tree_cost_s=tree_cost, cost_ratio=ratio,
+            projected_speedup=speedup, p_tree_better=p_better, p_tree_worse=p_worse,
+            recommendation=call, reason=why,
+        )
+
+
+def _bound_report_impl(ledger: ShadowLedger, ratio: float) -> ShadowReport:
+    recs = ledger.records
+    diffs = [r.tree_lower - ratio * r.chain_tokens for r in recs]
+    p_better, p_worse, n = sign_test(diffs)
+    if len(recs) >= ledger.min_rounds and p_better < ledger.alpha and statistics.fmean(diffs) > 0:
+        call, why = PROMOTE, (f"even the tree's lower bound beats the chain after a {ratio:.2f}x verify cost "
+                              f"({n} paired rounds, sign test p={p_better:.3g}); confirm with a real A/B")
+    else:
+        call, why = INCONCLUSIVE, ("lower-bound accounting only (no exact tree verify on this path): "
+                                   f"it cannot show the tree is worse; p better={p_better:.3g} over {n} rounds")
+    hits = [0] * ledger.horizon
+    for r in recs:
+        for d in r.sibling_depths:
+            if 1 <= d <= ledger.horizon:
+                hits[d - 1] += 1
+    tau_chain = statistics.fmean([float(r.chain_tokens) for r in recs]) if recs else 0.0
+    tau_lower = statistics.fmean([float(r.tree_lower) for r in recs]) if recs else 0.0
+    return ShadowReport(
+        rounds=len(recs), sampled_rounds=0, tau_chain=tau_chain, tau_chain_sampled=None, tau_tree=None,
+        tau_tree_lower=tau_lower, chain_hist=dict(sorted(Counter(r.chain_tokens for r in recs).items())),
+        tree_hist={}, sibling_hits=hits, chain_cost_s=None, tree_cost_s=None, cost_ratio=ratio,
+        projected_speedup=(tau_lower / tau_chain) / ratio if tau_chain and ratio else None,
+        p_tree_better=p_better, p_tree_worse=None, recommendation=call, reason=why)
+
+
+def format_report(rep: ShadowReport) -> str:
+    """One log line (the SGLang worker prints it every N rounds)."""
+    tree = f"{rep.tau_tree:.3f}" if rep.tau_tree is not None else "n/a"
+    ratio = f"{rep.cost_ratio:.2f}" if rep.cost_ratio is not None else "n/a"
+    return (f"DDTREE shadow: rounds={rep.rounds} sampled={rep.sampled_rounds} "
+            f"tau_chain={rep.tau_chain:.3f} tau_tree={tree} tau_tree_lower={rep.tau_tree_lower:.3f} "
+            f"cost_ratio={ratio} sibling_hits={rep.sibling_hits} recommendation={rep.recommendation}")
+
+
+class OnlineShadow:
+    """Shadow accounting fed by a serving engine's chain verify (the SGLang worker's path).
+
+    Inputs are what a DFlash verify already has: per-row draft top-K per depth, the verified
+    block (root + chain), the accepted length and the bonus. Per row it builds the tree with the
+    host heap (one device-to-host copy for the whole batch) and records the spine lower bound;
+    the exact tree acceptance would need a tree-masked target forward, which this path does not
+    run. Figures go to the log every `report_every` rounds and to `on_report` (metrics).
+    """
+
+    def __init__(self, budget: int, horizon: int, report_every: int = 200,
+                 on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None) -> None:
+        self.budget, self.horizon, self.report_every = budget, horizon, max(1, report_every)
+        self.cost_ratio = cost_ratio       # tree/chain verify cost from the bench curve, if known
+        self.ledger = ShadowLedger(horizon, min_rounds=min_rounds)
+        self.on_report = on_report
+
+    def observe(self, draft_tokens: Any, draft_scores: Any, candidates: Any, accept_len: Any, bonus: Any) -> list[int]:
+        """draft_tokens/draft_scores [bs, L, K] (scores quantised as in `tree.quantize_logprobs`),
+        candidates [bs, L + 1], accept_len [bs] (drafts accepted, bonus excluded), bonus [bs]."""
+        from ddtree_ops.engine.tree import DraftTopK, build_tree_heap
+
+        toks, scores = draft_tokens.cpu(), draft_scores.cpu()
+        cands, acc, bon = candidates.tolist(), accept_len.tolist(), bonus.tolist()
+        bounds = []
+        for b, row in enumerate(cands):
+            tree = build_tree_heap(DraftTopK(tokens=toks[b], scores=scores[b]), self.budget, row[0])
+            a = int(acc[b])
+            lower = spine_lower_bound(tree, row, a, int(bon[b]))
+            bounds.append(lower)
+            self.ledger.add(RoundRecord(chain_tokens=a + 1, chain_verify_s=0.0, chain_nodes=len(row),
+                                        tree_lower=lower, tree_nodes=tree.size,
+                                        sibling_depths=[a + 1] if lower > a + 1 else []))
+            if len(self.ledger.records) % self.report_every == 0 and self.on_report is not None:
+                self.on_report(self.ledger.report(cost_ratio=self.cost_ratio))
+        return bounds

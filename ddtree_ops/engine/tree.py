@@ -1,0 +1,314 @@
+"""The DDTree draft tree: the B best prefixes under the per-depth independence surrogate.
+
+The drafter gives one distribution per future position (depth 1..L). A path's surrogate score is
+the sum of its per-depth log-probs; the tree is the B highest-scoring prefixes, which is
+prefix-closed because log-probs are <= 0. Two builds return the same tree, node for node:
+
+- `build_tree_heap`: best-first heap on the host, in the reference's style (one device-to-host
+  copy of the L x K top-k table, then B pops).
+- `build_tree_vectorized`: a depth-by-depth beam of width B on the device with static shapes and
+  no host sync, so it can be captured in a CUDA graph (`TreeBuilder`).
+
+Scores are fixed-point integers (2**-24 nats). Integer sums are exact and associative, so both
+builds (and any device) order ties identically; float sums would let rounding pick different
+members of a tied set on the host and on the GPU. Ties are broken by a total order that both
+builds can compute cheaply: score descending, then depth ascending, then the parent's position
+in this order, then the token's rank at its depth. Under it every node's parent and previous
+sibling come before it, which is what makes the heap and the beam exact.
+
+Node 0 is the root: the bonus token, already chosen, not yet in the target's KV cache.
+Nodes 1..n follow in that total order, so a parent always has a smaller index than its children.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+SCORE_BITS = 24                 # log-prob resolution: 2**-24 nats
+LP_FLOOR = -1000.0              # zero-probability tokens get a finite score so sums stay exact
+MAX_DEPTH = 32                  # |score| <= 32 * 1000 * 2**24 < 2**39
+MAX_BUDGET = 2048               # parent position * K + rank < 2**22 (the tie-break bits)
+_LOW_BITS = 22
+_LOW_SCALE = 1 << _LOW_BITS     # key = score * 2**22 + tie-break (multiply, not shift: scores are negative)
+_LOW_MASK = _LOW_SCALE - 1
+INVALID = -(1 << 40)            # an empty slot; below every real path score
+
+
+@dataclass(frozen=True)
+class DraftTopK:
+    """Per-depth top-K draft tokens and their quantised log-probs, best first."""
+
+    tokens: torch.Tensor        # [L, K] int64
+    scores: torch.Tensor        # [L, K] int64, non-increasing along K
+
+    @property
+    def depth(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def k(self) -> int:
+        return int(self.tokens.shape[1]) if self.tokens.dim() == 2 else 0
+
+
+def quantize_logprobs(logprobs: torch.Tensor) -> torch.Tensor:
+    return torch.round(logprobs.float().clamp_min(LP_FLOOR) * (1 << SCORE_BITS)).to(torch.int64)
+
+
+def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row of [..., V] logits: the top-k tokens and their quantised log-probs (fp32 softmax)."""
+    k = max(0, min(int(k), int(logits.shape[-1])))
+    values, tokens = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1, sorted=True)
+    return tokens.to(torch.int64), quantize_logprobs(values)
+
+
+def draft_topk(draft_logits: torch.Tensor, k: int) -> DraftTopK:
+    """Top-k tokens per depth from [L, V] draft logits."""
+    if draft_logits.dim() != 2:
+        raise ValueError(f"draft logits must be [L, V], got shape {tuple(draft_logits.shape)}")
+    if draft_logits.shape[0] > MAX_DEPTH:
+        raise ValueError(f"draft horizon {draft_logits.shape[0]} exceeds the supported maximum {MAX_DEPTH}")
+    tokens, scores = topk_logprobs(draft_logits, k)
+    return DraftTopK(tokens=tokens, scores=scores)
+
+
+def budget_topk(budget: int, vocab: int) -> int:
+    """K = min(B, V): with a budget of B no node can sit at rank B or deeper."""
+    return max(1, min(int(budget), int(vocab)))
+
+
+@dataclass
+class Tree:
+    """A draft tree; index 0 is the root. A chain is a tree with one child per node."""
+
+    tokens: torch.Tensor        # [N] int64
+    parents: torch.Tensor       # [N] int64, root -1
+    depths: torch.Tensor        # [N] int64, root 0
+    ranks: torch.Tensor         # [N] int64, rank of the token at its depth (root 0)
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def children(self) -> list[dict[int, int]]:
+        """Per node: token -> child index. Siblings are distinct top-K tokens, so no key clashes."""
+        kids: list[dict[int, int]] = [{} for _ in range(self.size)]
+        for i, (p, t) in enumerate(zip(self.parents.tolist(), self.tokens.tolist())):
+            if i:
+                kids[p][t] = i
+        return kids
+
+    def visibility(self) -> torch.Tensor:
+        return ancestor_matrix(self.parents, int(self.depths.max()))
+
+    def positions(self, start: int) -> torch.Tensor:
+        """Root at `start`, a node at `start + depth`: an accepted path then has exactly the
+        positions it would have had as a linear sequence, so its KV stays valid after compaction."""
+        return self.depths + int(start)
+
+    def is_chain(self) -> bool:
+        return bool(torch.equal(self.parents[1:], torch.arange(self.size - 1, device=self.parents.device)))
+
+    def to(self, device: torch.device | str) -> Tree:
+        return Tree(*(t.to(device) for t in (self.tokens, self.parents, self.depths, self.ranks)))
+
+
+def ancestor_matrix(parents: torch.Tensor, max_depth: int | None = None) -> torch.Tensor:
+    """vis[i, j] is True when j is i or an ancestor of i.
+
+    Reachability by repeated squaring of (I + A): log2(depth) small matmuls instead of one
+    dependent gather per depth, which keeps the kernel count flat on the GPU. Entries are
+    clamped to 0/1 after each product; a row sum is at most depth + 1, exact in any float type.
+    """
+    n = int(parents.shape[0])
+    device = parents.device
+    dtype = torch.float32 if device.type == "cpu" else torch.float16
+    reach = torch.eye(n, dtype=dtype, device=device)
+    # the root points at itself, already set by the identity: no boolean indexing (no host sync)
+    reach.scatter_(1, parents.clamp_min(0).view(-1, 1), 1.0)
+    longest = min(n - 1, MAX_DEPTH if max_depth is None else max_depth)
+    steps = 1                      # reach covers paths of up to `steps` edges
+    while steps < longest:
+        reach = (reach @ reach).clamp_max_(1)
+        steps *= 2
+    return reach > 0
+
+
+# ----------------------------------------------------------------------------------------------
+# the host heap (reference style)
+
+
+def build_tree_heap(top: DraftTopK, budget: int, root_token: int) -> Tree:
+    """Best-first heap over prefixes; includes the device-to-host copy of the top-k table."""
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
+    tok = top.tokens.tolist()
+    sc = top.scores.tolist()
+    depth, k = top.depth, top.k
+    tokens, parents, depths, ranks, scores = [int(root_token)], [-1], [0], [0], [0]
+    heap: list[tuple[int, int, int, int]] = []
+    if budget > 0 and depth > 0 and k > 0:
+        heap.append((-sc[0][0], 1, 0, 0))      # (-score, depth, parent index, rank)
+    while heap and len(tokens) - 1 < budget:
+        neg, d, p, r = heapq.heappop(heap)
+        node = len(tokens)
+        tokens.append(tok[d - 1][r])
+        parents.append(p)
+        depths.append(d)
+        ranks.append(r)
+        scores.append(-neg)
+        if r + 1 < k:
+            heapq.heappush(heap, (-(scores[p] + sc[d - 1][r + 1]), d, p, r + 1))
+        if d < depth:
+            heapq.heappush(heap, (neg - sc[d][0], d + 1, node, 0))
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    return Tree(as_t(tokens), as_t(parents), as_t(depths), as_t(ranks))
+
+
+# ----------------------------------------------------------------------------------------------
+# the vectorised build (device, static shapes, no host sync)
+
+
+@lru_cache(maxsize=64)
+def _pair_table(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Candidate (beam position i, rank r) pairs that can still be in a depth's top B.
+
+    With the beam sorted best first and ranks sorted best first, every (j, s) with j <= i and
+    s <= r comes no later than (i, r); so (i + 1) * (r + 1) > B means B others precede it.
+    That leaves about B * ln B candidates per depth instead of B * K.
+    """
+    pos, rank = [], []
+    for i in range(budget):
+        width = min(k, budget // (i + 1))
+        if width == 0:
+            break
+        pos.extend([i] * width)
+        rank.extend(range(width))
+    pi = torch.tensor(pos, dtype=torch.int64, device=device)
+    pr = torch.tensor(rank, dtype=torch.int64, device=device)
+    low = _LOW_MASK - (pi * k + pr)       # earlier parent, then better rank, wins a tie
+    return pi, pr, low
+
+
+def _top(keys: torch.Tensor, width: int, how: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `width` largest keys, best first. Keys are unique, so sort and top-k agree exactly;
+    which is faster depends on the device and sizes (see bench/engine_bench.py)."""
+    if how == "sort":
+        values, indices = torch.sort(keys, descending=True)
+        return values[:width], indices[:width]
+    best = torch.topk(keys, width, sorted=True)
+    return best.values, best.indices
+
+
+def select_tree(scores: torch.Tensor, tokens: torch.Tensor, budget: int, how: str = "topk") -> tuple[torch.Tensor, ...]:
+    """The budget's nodes as padded device tensors: (tokens, parents, depths, ranks, valid), each [B].
+
+    Node i of the result is tree node i + 1 (the root is not included). Invalid slots (fewer
+    prefixes than B exist) come last. No host synchronisation: safe inside a CUDA graph.
+    """
+    depth, k = int(scores.shape[0]), int(scores.shape[1])
+    device = scores.device
+    pi, pr, low = _pair_table(budget, k, str(device))
+    width = min(budget, int(pi.shape[0]))
+    # the root's empty prefix (score 0) then empty slots; built without a host-to-device copy
+    beam = torch.where(torch.arange(budget, device=device) == 0, 0, INVALID)
+    rec_score = torch.full((depth, budget), INVALID, dtype=torch.int64, device=device)
+    rec_parent = torch.zeros((depth, budget), dtype=torch.int64, device=device)
+    rec_rank = torch.zeros((depth, budget), dtype=torch.int64, device=device)
+    for d in range(depth):
+        cand = (beam[pi] + scores[d][pr]).clamp_min_(INVALID)
+        values, indices = _top(cand * _LOW_SCALE + low, width, how)
+        beam = torch.full_like(beam, INVALID) if width < budget else beam
+        beam[:width] = torch.div(values, _LOW_SCALE, rounding_mode="floor")
+        rec_score[d] = beam
+        rec_parent[d, :width] = pi[indices]
+        rec_rank[d, :width] = pr[indices]
+    flat = torch.arange(depth * budget, device=device)
+    glow = _LOW_MASK - flat               # shallower first, then the depth's own order
+    values, idx = _top(rec_score.reshape(-1) * _LOW_SCALE + glow, budget, how)
+    valid = torch.div(values, _LOW_SCALE, rounding_mode="floor") > INVALID
+    d_sel, b_sel = idx // budget, idx % budget
+    node_of = torch.zeros(depth * budget, dtype=torch.int64, device=device)
+    node_of[idx] = torch.arange(1, budget + 1, device=device)
+    parent_slot = ((d_sel - 1).clamp_min(0) * budget + rec_parent[d_sel, b_sel])
+    parents = torch.where(d_sel == 0, torch.zeros_like(d_sel), node_of[parent_slot])
+    ranks = rec_rank[d_sel, b_sel]
+    node_tokens = tokens[d_sel, ranks]
+    return node_tokens, parents, d_sel + 1, ranks, valid
+
+
+def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int) -> Tree:
+    """The same tree as `build_tree_heap`, built on the tensors' device; one sync to trim."""
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
+    device = top.tokens.device
+    root = lambda v: torch.tensor([v], dtype=torch.int64, device=device)  # noqa: E731
+    if budget <= 0 or top.depth == 0 or top.k == 0:
+        return Tree(root(root_token), root(-1), root(0), root(0))
+    tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, budget)
+    n = int(valid.sum())                  # valid slots are a prefix (they sort first)
+    return Tree(torch.cat([root(root_token), tokens[:n]]), torch.cat([root(-1), parents[:n]]),
+                torch.cat([root(0), depths[:n]]), torch.cat([root(0), ranks[:n]]))
+
+
+def build_chain(top: DraftTopK, root_token: int) -> Tree:
+    """DFlash-linear: the rank-0 token at every depth. A tree with one child per node."""
+    chain_top = DraftTopK(tokens=top.tokens[:, :1], scores=top.scores[:, :1])
+    return build_tree_heap(chain_top, top.depth, root_token)
+
+
+class TreeBuilder:
+    """Static buffers for the GPU path: draft logits in, padded tree tensors out.
+
+    `capture()` records one CUDA graph of top-k + selection + visibility, so a build is one
+    graph launch with no host round trip. Shapes are fixed at construction (L, V, B).
+    """
+
+    def __init__(self, depth: int, vocab: int, budget: int, device: torch.device | str,
+                 logits_dtype: torch.dtype = torch.bfloat16, how: str = "topk") -> None:
+        self.depth, self.vocab, self.budget, self.how = depth, vocab, budget, how
+        self.k = budget_topk(budget, vocab)
+        self.device = torch.device(device)
+        self.logits = torch.zeros((depth, vocab), dtype=logits_dtype, device=self.device)
+        self.root_token = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: dict[str, torch.Tensor] = {}
+
+    def _run(self) -> None:
+        top = draft_topk(self.logits, self.k)
+        tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, self.budget, self.how)
+        zero = torch.zeros(1, dtype=torch.int64, device=self.device)
+        all_parents = torch.cat([zero - 1, parents])
+        self.out = {
+            "tokens": torch.cat([self.root_token.view(1), tokens]),
+            "parents": all_parents,
+            "depths": torch.cat([zero, depths]),
+            "ranks": torch.cat([zero, ranks]),
+            "valid": torch.cat([torch.ones(1, dtype=torch.bool, device=self.device), valid]),
+            "visibility": ancestor_matrix(all_parents, self.depth),
+        }
+
+    def capture(self) -> None:
+        if self.device.type != "cuda":
+            return
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):             # warm-up: allocator and cached pair tables
+                self._run()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._run()
+
+    def build(self, draft_logits: torch.Tensor, root_token: torch.Tensor | int) -> dict[str, torch.Tensor]:
+        self.logits.copy_(draft_logits)
+        self.root_token.fill_(root_token) if isinstance(root_token, int) else self.root_token.copy_(root_token)
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._run()
+        return self.out
