@@ -5,11 +5,14 @@
     python bench/engine_bench.py decode --model smollm2|gguf:PATH|random [--budgets 16,32,64]
     ... --out DIR writes one JSON per section; a table goes to stdout.
 
-Runs on CPU (small sizes, to check the script) and on a GPU (the figures). Heap builds are timed
-from draft logits on the device to a host tree: top-k, the device-to-host copy and the heap.
-Vectorised builds are timed from the same logits to device tensors (tokens, parents, depths,
-visibility), eager and as one CUDA graph replay. GPU times are medians of CUDA-event or
-synchronised wall-clock timings after warm-up.
+Runs on CPU (small sizes, to check the script; TRITON_INTERPRET=1 adds the fused path) and on a
+GPU (the figures). Heap builds are timed from draft logits on the device to a host tree: top-k,
+the device-to-host copy and the heap, both with the canonical top-k (`draft_topk`, ties by token
+id, the reference every build is checked against) and in the reference's own style
+(log_softmax + torch.topk). Vectorised builds are timed from the same logits to device tensors
+(tokens, parents, depths, visibility), eager and as one CUDA graph replay: PyTorch selection
+(top-k or sort) and the fused Triton path; the fused path's four launches are also timed one by
+one. GPU times are medians of CUDA-event or synchronised wall-clock timings after warm-up.
 """
 
 from __future__ import annotations
@@ -28,11 +31,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from ddtree_ops.engine.tree import (  # noqa: E402
+    DraftTopK,
     TreeBuilder,
     ancestor_matrix,
     budget_topk,
+    build_tree_fused,
     build_tree_heap,
     draft_topk,
+    draft_topk_fused,
+    fused_available,
+    log_probs,
+    quantize_logprobs,
     select_tree,
 )
 
@@ -87,7 +96,80 @@ def draft_like_logits(depth: int, vocab: int, device: torch.device, seed: int) -
     return logits.to(device=device, dtype=torch.bfloat16)
 
 
+def reference_style_topk(logits: torch.Tensor, k: int) -> DraftTopK:
+    """The reference's top-k: log_softmax(logits.float()) then torch.topk (tie order left to
+    torch). Used only as the heap baseline's timing; trees are checked against `draft_topk`."""
+    values, tokens = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1, sorted=True)
+    return DraftTopK(tokens=tokens, scores=quantize_logprobs(values))
+
+
+def capture_graph(fn: Callable[[], Any], device: torch.device) -> Any:
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def trees_equal(tree: Any, ref: Any) -> bool:
+    return all(torch.equal(a.cpu(), b.cpu()) for a, b in ((tree.tokens, ref.tokens), (tree.parents, ref.parents),
+                                                          (tree.depths, ref.depths), (tree.ranks, ref.ranks)))
+
+
+def builder_matches(out: dict[str, torch.Tensor], ref: Any) -> bool:
+    n = ref.size
+    return (all(out[key][:n].cpu().tolist() == getattr(ref, key).tolist()
+                for key in ("tokens", "parents", "depths", "ranks"))
+            and bool(out["valid"][:n].all()) and not bool(out["valid"][n:].any())
+            and torch.equal(out["visibility"][:n, :n].cpu(), ref.visibility()))
+
+
+def check_fused(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    """The fused build against the heap on many full-size inputs, ties and degenerate rows included."""
+    vocab, depth = args.vocab, args.depth
+    cases: list[tuple[str, torch.Tensor]] = []
+    gen = torch.Generator(device="cpu").manual_seed(1234)
+    for seed in range(args.check_seeds):
+        cases.append((f"draft-like/{seed}", draft_like_logits(depth, vocab, device, seed=1000 + seed)))
+    for scale in (0.02, 0.5, 3.0, 12.0):
+        cases.append((f"randn*{scale}", (torch.randn((depth, vocab), generator=gen) * scale).to(device, torch.bfloat16)))
+    few = torch.randint(0, 4, (depth, vocab), generator=gen).float()          # four distinct values: ties everywhere
+    cases.append(("four-values", few.to(device, torch.bfloat16)))
+    cases.append(("uniform", torch.zeros((depth, vocab), device=device, dtype=torch.bfloat16)))
+    finite = min(700, vocab // 2)
+    masked = torch.full((depth, vocab), float("-inf"))
+    masked[:, :finite] = torch.randn((depth, finite), generator=gen)      # fewer finite tokens than K at B = 1024
+    cases.append((f"masked-{finite}", masked.to(device, torch.bfloat16)))
+    adversarial = torch.randn((depth, vocab), generator=gen)
+    adversarial[:, ::2048] += 8.0                                          # the best tokens share a lane
+    cases.append(("one-lane", adversarial.to(device, torch.bfloat16)))
+    results = []
+    for name, logits in cases:
+        for budget in args.budgets:
+            k = budget_topk(budget, vocab)
+            top = draft_topk(logits, k)
+            fused_top = draft_topk_fused(logits, k)
+            same_topk = torch.equal(top.tokens, fused_top.tokens) and torch.equal(top.scores, fused_top.scores)
+            ref = build_tree_heap(top, budget, 3)
+            same = trees_equal(build_tree_fused(logits, budget, 3), ref)
+            results.append({"case": name, "budget": budget, "same_topk": same_topk, "same_tree": same,
+                            "ties_in_topk": int((top.scores[:, 1:] == top.scores[:, :-1]).sum())})
+            if not (same and same_topk):
+                print(f"MISMATCH {name} B={budget} topk={same_topk} tree={same}", flush=True)
+    ok = all(r["same_tree"] and r["same_topk"] for r in results)
+    print(f"fused vs heap: {sum(r['same_tree'] and r['same_topk'] for r in results)}/{len(results)} cases identical "
+          f"(top-k table and tree); ties in the top-k tables: {sum(r['ties_in_topk'] for r in results)}", flush=True)
+    return {"all_identical": ok, "cases": results}
+
+
 def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
+    cuda = device.type == "cuda"
+    check = check_fused(args, device) if fused_available(device) and args.check_seeds else None
     rows = []
     for budget in args.budgets:
         logits = draft_like_logits(args.depth, args.vocab, device, seed=budget)
@@ -96,42 +178,73 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
         def heap() -> Any:
             return build_tree_heap(draft_topk(logits, k), budget, 1)   # tolist() inside = the D2H copy
 
+        def heap_reference_style() -> Any:
+            return build_tree_heap(reference_style_topk(logits, k), budget, 1)
+
         def vec() -> Any:
             top = draft_topk(logits, k)
             out = select_tree(top.scores, top.tokens, budget)
             return out, ancestor_matrix(torch.cat([out[1].new_tensor([-1]), out[1]]), args.depth)
 
-        def topk_only() -> Any:
-            return draft_topk(logits, k)
-
         ref = heap()
         n = ref.size
-        row = {"budget": budget, "k": k, "nodes": n, "max_depth": int(ref.depths.max()),
-               "topk_s": median_time(topk_only, device, args.reps),
-               "heap_s": median_time(heap, device, args.reps),
-               "vector_eager_s": median_time(vec, device, args.reps)}
-        for how in ("topk", "sort"):
+        row: dict[str, Any] = {"budget": budget, "k": k, "nodes": n, "max_depth": int(ref.depths.max()),
+                               "topk_s": median_time(lambda: draft_topk(logits, k), device, args.reps),
+                               "topk_reference_style_s": median_time(lambda: reference_style_topk(logits, k), device, args.reps),
+                               "heap_s": median_time(heap, device, args.reps),
+                               "heap_reference_style_s": median_time(heap_reference_style, device, args.reps),
+                               "vector_eager_s": median_time(vec, device, max(3, args.reps // 5))}
+        hows = ("topk", "sort") + (("fused",) if fused_available(device) else ())
+        for how in hows:
             builder = TreeBuilder(args.depth, args.vocab, budget, device, logits_dtype=logits.dtype, how=how)
             builder.capture()
             out = builder.build(logits, 1)
-            row[f"same_tree_{how}"] = (out["tokens"][:n].cpu().tolist() == ref.tokens.tolist()
-                                       and out["parents"][:n].cpu().tolist() == ref.parents.tolist())
-            if device.type == "cuda":
+            row[f"same_tree_{how}"] = builder_matches(out, ref)
+            if cuda:
                 row[f"vector_graph_{how}_s"] = graph_time(builder.graph, device, args.reps)
-                # the graph's own top-k over the vocabulary, for the split
-        if device.type == "cuda":
-            row["vector_graph_s"] = min(row["vector_graph_topk_s"], row["vector_graph_sort_s"])
-        same = row["same_tree_topk"] and row["same_tree_sort"]
+        if fused_available(device):
+            row["fused_eager_s"] = median_time(lambda: build_tree_fused(logits, budget, 1), device, args.reps)
+            row["same_tree_fused_eager"] = trees_equal(build_tree_fused(logits, budget, 1), ref)
+        if cuda and fused_available(device):
+            # the fused build's parts, each as its own graph (each includes one launch)
+            from ddtree_ops.engine import tree_kernels
+
+            lp = log_probs(logits)
+            top = draft_topk_fused(logits, k)
+            root = torch.ones(1, dtype=torch.int64, device=device)
+            nodes = tree_kernels.select_nodes(top.scores, top.tokens, budget, root)
+            parts = {"log_softmax": lambda: log_probs(logits),
+                     "topk_kernel": lambda: tree_kernels.topk_rows(lp, k),
+                     "select_kernel": lambda: tree_kernels.select_nodes(top.scores, top.tokens, budget, root),
+                     "visibility_kernel": lambda: tree_kernels.visibility(nodes["parents"], args.depth)}
+            for name, fn in parts.items():
+                row[f"part_{name}_s"] = graph_time(capture_graph(fn, device), device, args.reps)
+        if cuda:
+            row["vector_graph_s"] = min(row[f"vector_graph_{how}_s"] for how in hows)
         best = row.get("vector_graph_s", row["vector_eager_s"])
         row["speedup_vs_heap"] = row["heap_s"] / best
+        row["speedup_vs_heap_reference_style"] = row["heap_reference_style_s"] / best
         rows.append(row)
+        us = lambda key: row.get(key, float("nan")) * 1e6  # noqa: E731
+        same = all(row[f"same_tree_{how}"] for how in hows)
         print(f"B={budget:5d} nodes={n:5d} depth={row['max_depth']:2d} same={same} "
-              f"topk {row['topk_s'] * 1e6:8.1f} us  heap {row['heap_s'] * 1e6:9.1f} us  "
-              f"vec-eager {row['vector_eager_s'] * 1e6:8.1f} us  "
-              f"vec-graph topk {row.get('vector_graph_topk_s', float('nan')) * 1e6:8.1f} us "
-              f"sort {row.get('vector_graph_sort_s', float('nan')) * 1e6:8.1f} us  x{row['speedup_vs_heap']:.1f}",
-              flush=True)
-    return {"depth": args.depth, "vocab": args.vocab, "rows": rows}
+              f"topk {us('topk_s'):7.1f} (ref-style {us('topk_reference_style_s'):7.1f}) us  "
+              f"heap {us('heap_s'):8.1f} (ref-style {us('heap_reference_style_s'):8.1f}) us  "
+              f"vec-eager {us('vector_eager_s'):8.1f} us  graph topk {us('vector_graph_topk_s'):7.1f} "
+              f"sort {us('vector_graph_sort_s'):7.1f} fused {us('vector_graph_fused_s'):6.1f} us "
+              f"(fused eager {us('fused_eager_s'):6.1f})  x{row['speedup_vs_heap']:.1f} "
+              f"(x{row['speedup_vs_heap_reference_style']:.1f} vs ref-style heap)", flush=True)
+        if "part_select_kernel_s" in row:
+            print("        parts (graph each): " + "  ".join(f"{name} {us('part_' + name + '_s'):6.1f}"
+                  for name in ("log_softmax", "topk_kernel", "select_kernel", "visibility_kernel")), flush=True)
+    print("\n| B | nodes | heap (ref-style) | heap (canonical top-k) | fused graph | vs ref-style heap | same_tree |", flush=True)
+    print("|---|---|---|---|---|---|---|", flush=True)
+    for row in rows:
+        print(f"| {row['budget']} | {row['nodes']} | {row['heap_reference_style_s'] * 1e6:.1f} us | "
+              f"{row['heap_s'] * 1e6:.1f} us | {row.get('vector_graph_fused_s', float('nan')) * 1e6:.1f} us | "
+              f"x{row['heap_reference_style_s'] / row.get('vector_graph_fused_s', float('nan')):.1f} | "
+              f"{row.get('same_tree_fused')} |", flush=True)
+    return {"depth": args.depth, "vocab": args.vocab, "rows": rows, "fused_check": check}
 
 
 def bench_verify(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
@@ -289,6 +402,7 @@ def main() -> None:
     ap.add_argument("--budgets", type=ints, default=[16, 64, 256, 1024])
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--depth", type=int, default=15)
+    ap.add_argument("--check-seeds", type=int, default=4, help="treebuild: draft-like inputs in the fused-vs-heap check")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--sizes", type=ints, default=[1, 2, 4, 8, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513,

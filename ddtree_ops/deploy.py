@@ -5,11 +5,15 @@
          -> plan + diff -> confirm -> [plugin install] -> record release + pending
          -> install env and unit (write beside, rename) -> daemon-reload -> reset-failed -> restart
          -> gate -> PASS: known-good | FAIL: diagnosis, reinstall known-good, same gate
+
+State changes on the host are batched into one round trip per step (`releases.Change`).
 """
 
 from __future__ import annotations
 
+import calendar
 import difflib
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,10 +22,10 @@ from ddtree_ops import gate as gating
 from ddtree_ops import lock, output, releases, remote
 from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host, HostError, HttpUnavailable
-from ddtree_ops.observe import journal_cursor, unit_state
+from ddtree_ops.observe import parse_cursor, parse_systemctl_show, read_files, unit_state
 from ddtree_ops.preflight import Preflight, run_preflight
 from ddtree_ops.profile import Profile
-from ddtree_ops.releases import Layout
+from ddtree_ops.releases import Change, Layout, StoredRelease
 from ddtree_ops.render import Rendered, redact, render
 from ddtree_ops.status import DeployExit
 
@@ -50,6 +54,7 @@ class Outcome:
             if g is None:
                 return None
             return {"passed": g.passed, "reason": g.reason, "elapsed_s": round(g.elapsed_s, 3),
+                    "ready_after_s": g.state.ready_at,
                     "smoke": None if g.state.smoke is None else g.state.smoke.__dict__}
 
         return {"command": "deploy", "host": self.host, "mode": self.mode, "release_id": self.release_id,
@@ -62,11 +67,15 @@ class Outcome:
                 "ssh_round_trips": self.round_trips, "events": self.events}
 
 
-class Interrupted(Exception):
-    """Ctrl-C inside the transaction, after the unit was touched."""
-
-
 # ------------------------------------------------------------------ pieces
+
+
+def env_path_of(p: Profile) -> str:
+    return f"{p.service.env_dir}/{p.service.unit.removesuffix('.service')}.env"
+
+
+def unit_path_of(p: Profile) -> str:
+    return f"/etc/systemd/system/{p.service.unit}"
 
 
 def redact_env(text: str | None, secret_keys: set[str]) -> str:
@@ -105,29 +114,45 @@ def healthy_now(host: Host, p: Profile) -> tuple[bool, str]:
     return status == 200, f"unit {u.describe()}, /health_generate {status}"
 
 
-def install(host: Host, layout: Layout, unit_path: str, unit_text: str, env_path: str, env_text: str,
-            unit: str) -> tuple[str | None, str]:
-    """Env first (the unit names it), then the unit; each written beside and renamed, and only
-    when its bytes differ (a rollback after a failed write then has nothing to rewrite).
-    Returns the journal cursor and the InvocationID taken just before the restart: the gate reads
-    and judges this start only."""
-    from ddtree_ops.observe import read_files
+# systemd steps of one install, in one round trip; prints the journal cursor and the InvocationID
+# from before the restart so the gate reads and judges this start only. `stop` then `start`: a
+# plain `restart` of a unit still activating (a server that never became ready keeps its start job
+# running) is merged into that job and restarts nothing.
+_RESTART = ('u="$1"; systemctl daemon-reload || exit 1; systemctl reset-failed -- "$u" 2>/dev/null; '
+            'systemctl enable --quiet -- "$u" || exit 1; '
+            'journalctl --unit "$u" --lines 0 --show-cursor --no-pager --quiet; '
+            f'systemctl show --property {",".join(remote.UNIT_PROPS)} -- "$u"; '
+            's=$(date +%s%N); systemctl stop -- "$u"; printf "stop_ns=%s\\n" $(( $(date +%s%N) - s )); '
+            'systemctl start --no-block -- "$u"')
 
-    # staging files left by a run whose connection dropped between write and rename
-    host.run(remote.remove(f"{env_path}.ddtree-new", f"{unit_path}.ddtree-new"), sudo=True, timeout=20)
-    current = read_files(host, [env_path, unit_path])
-    if current[env_path] != env_text.encode():
-        host.run(remote.mkdirs(env_path.rsplit("/", 1)[0]), sudo=True, timeout=20).check("creating the env directory")
-        releases.write_atomic(host, env_path, env_text.encode(), mode=0o600)
-    if current[unit_path] != unit_text.encode():
-        releases.write_atomic(host, unit_path, unit_text.encode(), mode=0o644)
-    host.run(remote.daemon_reload(), sudo=True, timeout=60).check("systemctl daemon-reload")
-    host.run(remote.reset_failed(unit), sudo=True, timeout=20)
-    host.run(remote.enable(unit), sudo=True, timeout=30)
-    cursor = journal_cursor(host, unit)
-    before = unit_state(host, unit).invocation
-    host.run(remote.restart(unit), sudo=True, timeout=60).check(f"systemctl restart {unit}")
-    return cursor, before
+
+@dataclass(frozen=True)
+class Restarted:
+    cursor: str | None  # journal position just before the restart
+    previous_invocation: str  # the start we replaced
+    stop_s: float  # how long the old server took to stop (its own time, not the tool's)
+
+
+def install(host: Host, unit_path: str, unit_text: str, env_path: str, env_text: str, unit: str, *,
+            installed: tuple[bytes | None, bytes | None] | None = None, pre: Change | None = None) -> Restarted:
+    """Env first (the unit names it), then the unit, each written beside and renamed, and only
+    when its bytes differ (a rollback after a failed write then has nothing to rewrite); then
+    daemon-reload, reset-failed, enable and restart. `pre` (release records, pending) goes first.
+    One round trip, plus one to read the installed files when the caller does not know them."""
+    if installed is None:
+        files = read_files(host, [env_path, unit_path])
+        installed = files[env_path], files[unit_path]
+    change = Change(list(pre.lines) if pre else [])
+    change.remove(f"{env_path}.ddtree-new").remove(f"{unit_path}.ddtree-new")
+    if installed[0] != env_text.encode():
+        change.mkdir(env_path.rsplit("/", 1)[0]).write(env_path, env_text, 0o600)
+    if installed[1] != unit_text.encode():
+        change.write(unit_path, unit_text, 0o644)
+    res = host.run(["sh", "-c", releases.APPLY + _RESTART, "sh", unit],
+                   stdin=("\n".join(change.lines) + "\n").encode(), sudo=True, timeout=180)
+    res.check(f"installing and restarting {unit}")
+    stop_ns = next((int(x.split("=", 1)[1]) for x in res.stdout.splitlines() if x.startswith("stop_ns=")), 0)
+    return Restarted(parse_cursor(res.stdout), parse_systemctl_show(res.stdout).invocation, stop_ns / 1e9)
 
 
 def _progress(label: str) -> Callable[[gating.GateState, gating.Observation], None]:
@@ -144,44 +169,34 @@ def _progress(label: str) -> Callable[[gating.GateState, gating.Observation], No
 
 
 def explain_failure(result: gating.GateResult) -> tuple[dict[str, Any], list[str]]:
-    report = result.report
-    doc = report.to_json()
-    evidence = [ln.message for ln in result.state.lines[-25:]]
-    return doc, evidence
+    return result.report.to_json(), [ln.message for ln in result.state.lines[-25:]]
 
 
 # ------------------------------------------------------------------ rollback
 
 
-def known_good(host: Host, layout: Layout) -> str | None:
-    return releases.read_text(host, layout.known_good)
-
-
-def rollback_to(host: Host, p: Profile, layout: Layout, release_id: str, *, why: str) -> gating.GateResult:
-    files = releases.release_files(host, layout, release_id)
-    if files is None:
-        raise OpsError(f"{host.name}: release {release_id} is not in {layout.releases}; cannot roll back to it",
-                       exit_code=DeployExit.DEGRADED)
-    meta = releases.load_meta(host, layout, release_id) or {}
-    mode = meta.get("mode", p.known_good_mode)
-    unit_text, env_text = files
-    output.say(f"{host.name}: rolling back to {release_id} ({mode}): {why}", style="bold yellow")
-    releases.write_pending(host, layout, release_id=release_id, previous=releases.read_text(host, layout.current),
-                           action="rollback")
-    cursor, before = install(host, layout, meta.get("unit_path", f"/etc/systemd/system/{p.service.unit}"),
-                             unit_text,
-                             meta.get("env_path", f"{p.service.env_dir}/{p.service.unit.removesuffix('.service')}.env"),
-                             env_text, p.service.unit)
-    releases.audit(host, layout, f"rollback {p.name} release={release_id} reason={why!r}")
-    result = gating.run_gate(host, p, mode, cursor=cursor, previous_invocation=before,
+def rollback_to(host: Host, p: Profile, layout: Layout, release: StoredRelease, *, why: str,
+                current: str | None) -> gating.GateResult:
+    mode = release.meta.get("mode", p.known_good_mode)
+    rid = release.release_id
+    output.say(f"{host.name}: rolling back to {rid} ({mode}): {why}", style="bold yellow")
+    pre = Change().write(layout.pending, releases.pending_doc(rid, current, "rollback")).audit(
+        layout, f"rollback {p.name} release={rid} reason={why!r}")
+    started = install(host, release.meta.get("unit_path", unit_path_of(p)), release.unit,
+                      release.meta.get("env_path", env_path_of(p)), release.env, p.service.unit, pre=pre)
+    result = gating.run_gate(host, p, mode, cursor=started.cursor, previous_invocation=started.previous_invocation,
                              on_progress=_progress("rollback"))
+    done = Change()
     if result.passed:
-        releases.mark(host, layout.current, release_id)
-        releases.clear_pending(host, layout)
-        releases.audit(host, layout, f"rollback {p.name} release={release_id} result=healthy")
+        done.mark(layout.current, rid).remove(layout.pending).audit(layout, f"rollback {p.name} release={rid} result=healthy")
     else:
-        releases.audit(host, layout, f"rollback {p.name} release={release_id} result=FAILED {result.reason!r}")
+        done.audit(layout, f"rollback {p.name} release={rid} result=FAILED {result.reason!r}")
+    releases.apply(host, done, what="recording the rollback's result")
     return result
+
+
+def _known_good_release(host: Host, layout: Layout, rid: str | None) -> StoredRelease | None:
+    return releases.load_release(host, layout, rid) if rid else None
 
 
 def adopt_baseline(host: Host, p: Profile, layout: Layout, pf: Preflight) -> str | None:
@@ -191,82 +206,70 @@ def adopt_baseline(host: Host, p: Profile, layout: Layout, pf: Preflight) -> str
     ok, _ = healthy_now(host, p)
     if not ok:
         return None
-    import hashlib
-
     rid = "baseline-" + hashlib.sha256((pf.installed_unit + pf.installed_env).encode()).hexdigest()[:12]
-    d = layout.release_dir(rid)
-    host.run(remote.mkdirs(d, mode="0700"), sudo=True, timeout=20).check(f"creating {d}")
-    releases.write_atomic(host, f"{d}/unit", pf.installed_unit.encode())
-    releases.write_atomic(host, f"{d}/env", pf.installed_env.encode(), mode=0o600)
-    import json
-
     meta = {"release_id": rid, "host": p.name, "mode": p.known_good_mode, "status": "good",
             "created_at": releases.utc_now(), "by": releases.operator(), "adopted": True,
-            "unit_path": f"/etc/systemd/system/{p.service.unit}",
-            "env_path": f"{p.service.env_dir}/{p.service.unit.removesuffix('.service')}.env"}
-    releases.write_atomic(host, f"{d}/meta.json", json.dumps(meta, indent=1).encode())
-    releases.mark(host, layout.known_good, rid)
-    releases.mark(host, layout.current, rid)
-    releases.audit(host, layout, f"adopt {p.name} release={rid} (the running unit becomes the known-good baseline)")
+            "unit_path": unit_path_of(p), "env_path": env_path_of(p)}
+    change = releases.record_release(Change(), layout, rid, pf.installed_unit, pf.installed_env, meta)
+    change.mark(layout.known_good, rid).mark(layout.current, rid).audit(
+        layout, f"adopt {p.name} release={rid} (the running unit becomes the known-good baseline)")
+    releases.apply(host, change, what="recording the baseline release")
     output.say(f"{host.name}: adopted the running {p.service.unit} as known-good baseline {rid}")
     return rid
 
 
 def _age_s(stamp: str | None) -> float:
-    import calendar
-
     try:
         return max(0.0, time.time() - calendar.timegm(time.strptime(stamp or "", "%Y-%m-%dT%H:%M:%SZ")))
     except ValueError:
         return float("inf")
 
 
-def resolve_interrupted(host: Host, p: Profile, layout: Layout) -> str | None:
+def resolve_interrupted(host: Host, p: Profile, layout: Layout, state: releases.State) -> str | None:
     """A deploy or rollback that never finished left pending.json: finish it or roll it back."""
-    pending = releases.read_pending(host, layout)
+    pending = state.pending
     if pending is None:
         return None
     rid = pending.get("release_id")
     note = (f"{host.name}: an earlier {pending.get('action', 'deploy')} of {rid} by {pending.get('by', '?')} "
             f"(pid {pending.get('pid', '?')}, {pending.get('started_at', '?')}) did not finish")
     output.warn(note)
-    kg = known_good(host, layout)
-    installed = (host.get(f"/etc/systemd/system/{p.service.unit}") or b"").decode()
-    files = releases.release_files(host, layout, rid) if rid else None
-    if files and installed == files[0]:
-        meta = releases.load_meta(host, layout, rid) or {}
+    interrupted = releases.load_release(host, layout, rid) if rid else None
+    installed = read_files(host, [unit_path_of(p)])[unit_path_of(p)]
+    if interrupted and installed == interrupted.unit.encode():
         # the start began when that run did: it gets what is left of its deadline, not a new one
         left = p.gate.startup_deadline_s - _age_s(pending.get("started_at"))
         output.say(f"{host.name}: release {rid} is installed; gating it now to finish that {pending.get('action')}")
-        result = gating.run_gate(host, p, meta.get("mode", p.known_good_mode), cursor=None,
+        result = gating.run_gate(host, p, interrupted.meta.get("mode", p.known_good_mode), cursor=None,
                                  on_progress=_progress("resume"),
                                  deadline_s=max(left, p.gate.stay_healthy_s + 4 * p.gate.poll_interval_s))
         if result.passed:
-            releases.set_status(host, layout, rid, "good")
-            releases.mark(host, layout.known_good, rid)
-            releases.mark(host, layout.current, rid)
-            releases.clear_pending(host, layout)
-            releases.audit(host, layout, f"resume {p.name} release={rid} result=passed")
+            change = releases.set_status(Change(), layout, interrupted, "good")
+            change.mark(layout.known_good, rid).mark(layout.current, rid).remove(layout.pending).audit(
+                layout, f"resume {p.name} release={rid} result=passed")
+            releases.apply(host, change, what="recording the finished deploy")
             return f"finished the interrupted {pending.get('action')}: {rid} passed the gate"
         why = f"the interrupted release failed the gate: {result.reason}"
     else:
         why = "the interrupted change never reached a verified state"
-    if not kg:
+    kg = _known_good_release(host, layout, state.known_good)
+    if kg is None:
         raise OpsError(f"{note}, and there is no known-good release to return to", exit_code=DeployExit.DEGRADED)
-    result = rollback_to(host, p, layout, kg, why=why)
+    result = rollback_to(host, p, layout, kg, why=why, current=state.current)
     if not result.passed:
-        raise OpsError(f"{host.name}: rollback to {kg} failed the gate: {result.reason}", exit_code=DeployExit.DEGRADED)
-    if rid and rid != kg:
-        releases.set_status(host, layout, rid, "failed")
-    return f"rolled back the interrupted change to {kg}"
+        raise OpsError(f"{host.name}: rollback to {kg.release_id} failed the gate: {result.reason}",
+                       exit_code=DeployExit.DEGRADED)
+    if interrupted and interrupted.release_id != kg.release_id:
+        releases.apply(host, releases.set_status(Change(), layout, interrupted, "failed"), what="marking it failed")
+    return f"rolled back the interrupted change to {kg.release_id}"
 
 
 # ------------------------------------------------------------------ deploy
 
 
 def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_yes: bool = False,
-           confirm: Callable[[str], bool] | None = None, force_restart: bool = False, lock_wait_s: float = 0,
-           skip_preflight_checks: tuple[str, ...] = ()) -> Outcome:
+           confirm: Callable[[str], bool] | None = None, force_restart: bool = False,
+           lock_wait_s: float = 0) -> Outcome:
     t0 = time.monotonic()
     rendered = render(p, mode)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
@@ -288,25 +291,26 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         if pending:
             out.events.append(f"an interrupted {pending.get('action')} of {pending.get('release_id')} would be "
                               "resolved first")
-        ok = pf.ok
-        out.exit_code = DeployExit.OK if ok else DeployExit.REFUSED
-        out.result = "dry-run" if ok else "refused"
-        out.reason = "dry run: nothing changed" if ok else "preflight: " + "; ".join(c.detail for c in pf.failed)
+        out.exit_code = DeployExit.OK if pf.ok else DeployExit.REFUSED
+        out.result = "dry-run" if pf.ok else "refused"
+        out.reason = "dry run: nothing changed" if pf.ok else "preflight: " + "; ".join(c.detail for c in pf.failed)
         return finish()
 
     with lock.held(host, layout, command=f"deploy {p.name} --mode {mode}", release=rendered.release_id,
                    wait_s=lock_wait_s):
-        resolved = resolve_interrupted(host, p, layout)
+        state = releases.read_state(host, layout)
+        resolved = resolve_interrupted(host, p, layout, state)
         if resolved:
             out.events.append(resolved)
+            state = releases.read_state(host, layout)
+        t_pf = time.monotonic()
         pf = run_preflight(host, p, mode, rendered, layout, plugin.version if plugin else "")
-        out.preflight, out.timings["preflight"] = pf, time.monotonic() - t0
+        out.preflight, out.timings["preflight"] = pf, time.monotonic() - t_pf
         out.diff = make_diff(rendered, pf, set(p.service.secrets))
-        failed = [c for c in pf.failed if c.name not in skip_preflight_checks]
-        if failed:
-            out.reason = "preflight refused the deploy: " + "; ".join(f"{c.name}: {c.detail}" for c in failed)
+        if pf.failed:
+            out.reason = "preflight refused the deploy: " + "; ".join(f"{c.name}: {c.detail}" for c in pf.failed)
             return finish()
-        kg = known_good(host, layout) or adopt_baseline(host, p, layout, pf)
+        kg = state.known_good or adopt_baseline(host, p, layout, pf)
         out.known_good = kg
         same = pf.installed_unit == rendered.unit_text and pf.installed_env == rendered.env_text
         if same and not force_restart and not pf.plugin_needed:
@@ -323,44 +327,51 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
             if not confirm(question):
                 out.reason = "not confirmed; nothing changed"
                 return finish()
-        return _transaction(host, p, mode, rendered, layout, pf, plugin, kg, out, finish)
+        return _transaction(host, p, mode, rendered, layout, pf, plugin, kg, state.current, out, finish)
 
 
 def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout, pf: Preflight,
-                 plugin: Any, kg: str | None, out: Outcome, finish: Callable[[], Outcome]) -> Outcome:
+                 plugin: Any, kg: str | None, current: str | None, out: Outcome,
+                 finish: Callable[[], Outcome]) -> Outcome:
     touched = False
+    rid = rendered.release_id
+    meta = releases.meta_for(rendered, "pending")
     try:
         if plugin is not None and pf.plugin_needed:
             install_plugin(host, p, plugin)
             out.events.append(f"installed the ddtree plugin {plugin.version} into {p.service.python}")
-        releases.save_release(host, layout, rendered, status="pending")
-        releases.write_pending(host, layout, release_id=rendered.release_id,
-                               previous=releases.read_text(host, layout.current), action="deploy")
-        releases.audit(host, layout, f"deploy {p.name} release={rendered.release_id} mode={mode} start")
-        touched = True
         t_install = time.monotonic()
-        cursor, before = install(host, layout, rendered.unit_path, rendered.unit_text, rendered.env_path,
-                                 rendered.env_text, p.service.unit)
+        # the release and the pending record land before the unit is touched (same script, earlier lines)
+        pre = releases.record_release(Change(), layout, rid, rendered.unit_text, rendered.env_text, meta)
+        pre.write(layout.pending, releases.pending_doc(rid, current, "deploy")).audit(
+            layout, f"deploy {p.name} release={rid} mode={mode} start")
+        installed = (pf.installed_env.encode() if pf.installed_env is not None else None,
+                     pf.installed_unit.encode() if pf.installed_unit is not None else None)
+        touched = True
+        started = install(host, rendered.unit_path, rendered.unit_text, rendered.env_path, rendered.env_text,
+                          p.service.unit, installed=installed, pre=pre)
         out.timings["install"] = time.monotonic() - t_install
-        output.say(f"{p.name}: installed {rendered.release_id}, restarting {p.service.unit}; gating")
-        result = gating.run_gate(host, p, mode, cursor=cursor, previous_invocation=before,
-                                 on_progress=_progress(mode))
+        out.timings["service_stop"] = started.stop_s
+        output.say(f"{p.name}: installed {rid}, restarting {p.service.unit}; gating")
+        result = gating.run_gate(host, p, mode, cursor=started.cursor,
+                                 previous_invocation=started.previous_invocation, on_progress=_progress(mode))
         out.gate = result
         out.timings["gate"] = result.elapsed_s
         if result.passed:
-            releases.set_status(host, layout, rendered.release_id, "good")
-            releases.mark(host, layout.known_good, rendered.release_id)
-            releases.mark(host, layout.current, rendered.release_id)
-            releases.clear_pending(host, layout)
-            releases.audit(host, layout, f"deploy {p.name} release={rendered.release_id} result=passed")
+            t_done = time.monotonic()
+            done = releases.set_status(Change(), layout, meta, "good")
+            done.mark(layout.known_good, rid).mark(layout.current, rid).remove(layout.pending).audit(
+                layout, f"deploy {p.name} release={rid} result=passed")
+            releases.apply(host, done, what="recording the passed deploy")
             releases.prune(host, layout, p.releases.keep)
+            out.timings["record"] = time.monotonic() - t_done
             out.exit_code, out.result, out.reason = DeployExit.OK, "ok", result.reason
-            out.known_good = rendered.release_id
+            out.known_good = rid
             return finish()
         out.diagnosis, out.evidence = explain_failure(result)
         out.reason = f"gate failed: {result.reason}"
-        releases.set_status(host, layout, rendered.release_id, "failed")
-        releases.audit(host, layout, f"deploy {p.name} release={rendered.release_id} result=FAILED {result.reason!r}")
+        releases.apply(host, releases.set_status(Change(), layout, meta, "failed").audit(
+            layout, f"deploy {p.name} release={rid} result=FAILED {result.reason!r}"), what="recording the failure")
     except KeyboardInterrupt:
         if not touched:
             raise
@@ -370,31 +381,33 @@ def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
     except HostError as exc:
         # the connection dropped mid-change: reconnect and roll back now; if the host stays out of
         # reach, the pending record on it lets the next deploy or rollback repair it
-        out.reason = f"the connection dropped while installing {rendered.release_id}: {exc}"
+        out.reason = f"the connection dropped while installing {rid}: {exc}"
         if not _reconnect(host):
             out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
-            out.reason += (f". The host has a pending record for {rendered.release_id}; run `ddtree-ops rollback "
+            out.reason += (f". The host has a pending record for {rid}; run `ddtree-ops rollback "
                            f"{p.name}` (or deploy again) once it is reachable: it finishes or rolls back that change.")
             return finish()
         output.warn(f"{p.name}: reconnected after the drop; rolling back to the known-good release")
-        releases.set_status(host, layout, rendered.release_id, "failed")
+        releases.apply(host, releases.set_status(Change(), layout, meta, "failed"), what="recording the failure")
     except OpsError as exc:
         if not touched:
             raise
-        out.reason = f"installing {rendered.release_id} failed: {exc}"
-        releases.audit(host, layout, f"deploy {p.name} release={rendered.release_id} result=FAILED {str(exc)!r}")
-    return _roll_back_after_failure(host, p, layout, kg, out, finish)
+        out.reason = f"installing {rid} failed: {exc}"
+        releases.apply(host, Change().audit(layout, f"deploy {p.name} release={rid} result=FAILED {str(exc)!r}"),
+                       what="recording the failure")
+    return _roll_back_after_failure(host, p, layout, kg, current, out, finish)
 
 
-def _roll_back_after_failure(host: Host, p: Profile, layout: Layout, kg: str | None, out: Outcome,
-                             finish: Callable[[], Outcome]) -> Outcome:
-    if not kg:
+def _roll_back_after_failure(host: Host, p: Profile, layout: Layout, kg: str | None, current: str | None,
+                             out: Outcome, finish: Callable[[], Outcome]) -> Outcome:
+    release = _known_good_release(host, layout, kg)
+    if release is None:
         out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
         out.reason += "; there is no known-good release on this host to roll back to"
         return finish()
     try:
         t_rb = time.monotonic()
-        rb = rollback_to(host, p, layout, kg, why=out.reason)
+        rb = rollback_to(host, p, layout, release, why=out.reason, current=current)
         out.rollback_gate = rb
         out.timings["rollback"] = time.monotonic() - t_rb
     except (HostError, OpsError) as exc:
@@ -434,33 +447,36 @@ def install_plugin(host: Host, p: Profile, plugin: Any) -> None:
 def rollback(host: Host, p: Profile, *, to: str | None = None, lock_wait_s: float = 0) -> Outcome:
     t0 = time.monotonic()
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
-    target = to
-    out = Outcome(p.name, p.known_good_mode, target or "", DeployExit.REFUSED, "refused", "")
+    out = Outcome(p.name, p.known_good_mode, to or "", DeployExit.REFUSED, "refused", "")
     with lock.held(host, layout, command=f"rollback {p.name}", release=to, wait_s=lock_wait_s):
-        pending = releases.read_pending(host, layout)
-        target = to or known_good(host, layout)
+        state = releases.read_state(host, layout)
+        target = to or state.known_good
         if not target:
             out.reason = f"{p.name}: no known-good release recorded under {layout.root}; nothing to roll back to"
             return out
         out.release_id = target
-        meta = releases.load_meta(host, layout, target)
-        if meta is None:
+        release = releases.load_release(host, layout, target)
+        if release is None:
             out.reason = f"{p.name}: release {target} is not kept on the host (see `ddtree-ops history {p.name}`)"
             return out
-        out.mode = meta.get("mode", p.known_good_mode)
+        out.mode = release.meta.get("mode", p.known_good_mode)
+        pending = state.pending
         why = "requested by the operator" if not pending else (
             f"the {pending.get('action')} of {pending.get('release_id')} did not finish")
         try:
-            result = rollback_to(host, p, layout, target, why=why)
+            result = rollback_to(host, p, layout, release, why=why, current=state.current)
         except HostError as exc:
             out.exit_code, out.result, out.reason = DeployExit.DEGRADED, "degraded", str(exc)
             return out
         out.gate = result
         if result.passed:
-            releases.mark(host, layout.known_good, target)
-            out.exit_code, out.result, out.reason = DeployExit.OK, "ok", f"{target} serving: {result.reason}"
+            done = Change().mark(layout.known_good, target)
             if pending and pending.get("release_id") not in (None, target):
-                releases.set_status(host, layout, pending["release_id"], "failed")
+                failed = releases.load_release(host, layout, pending["release_id"])
+                if failed is not None:
+                    releases.set_status(done, layout, failed, "failed")
+            releases.apply(host, done, what="recording the rollback")
+            out.exit_code, out.result, out.reason = DeployExit.OK, "ok", f"{target} serving: {result.reason}"
         else:
             out.diagnosis, out.evidence = explain_failure(result)
             out.exit_code, out.result = DeployExit.DEGRADED, "degraded"

@@ -192,18 +192,6 @@ def smoke_request(host: Host, p: Profile, *, speculative: bool, timeout: float) 
     return SmokeResult(True, detail, resp.elapsed_s, *result)
 
 
-def _joined(first: list[str], second: list[str]) -> list[str]:
-    """Two commands in one round trip, their outputs split by a record separator line."""
-    import shlex
-
-    return ["sh", "-c", f"{shlex.join(first)}; printf '\\036\\n'; {shlex.join(second)}"]
-
-
-def parse_poll(stdout: str) -> tuple[UnitState, list[JournalLine]]:
-    show, _, journal = stdout.partition(SEP + "\n")
-    return parse_systemctl_show(show), parse_journal_json(journal)
-
-
 # ------------------------------------------------------------------ the loop
 
 
@@ -224,66 +212,96 @@ def is_speculative(p: Profile, mode: str) -> bool:
     return p.mode(mode).algorithm != "NONE"
 
 
+# One remote loop per gate instead of one SSH session per poll: each frame is the unit's state and
+# the journal lines since the last frame (journalctl keeps its place in a cursor file), then the
+# loop sleeps one poll interval. HTTP probes travel as direct-tcpip channels, which open no
+# session at all, so a whole gate costs the host one login (one PAM session, one auth.log line).
+WATCH = r'''
+u=$1; iv=$2; f=$(mktemp) || exit 1; trap 'rm -f "$f"' EXIT; printf '%s' "$3" > "$f"
+while :; do
+  systemctl show --property "$4" -- "$u" || exit 1
+  printf '\036\n'
+  if [ -s "$f" ]; then n=""; else n="--lines=2000"; fi
+  journalctl --unit "$u" --output json --no-pager --quiet --cursor-file "$f" $n --output-fields "$5"
+  printf '\035\n'
+  sleep "$iv"
+done
+'''
+
+
+def watch_argv(unit: str, cursor: str | None, poll_s: float) -> list[str]:
+    from ddtree_ops import remote
+
+    return ["sh", "-c", WATCH, "sh", unit, f"{poll_s:g}", cursor or "", ",".join(remote.UNIT_PROPS),
+            remote.JOURNAL_FIELDS]
+
+
+def read_frame(watch: Any, timeout: float) -> tuple[UnitState, list[JournalLine]]:
+    show: list[str] = []
+    journal: list[str] = []
+    part = show
+    while True:
+        line = watch.readline(timeout)
+        if line is None:
+            raise HostUnreachable("the gate's watcher on the host stopped")
+        if line == SEP:
+            part = journal
+        elif line == "\x1d":
+            return parse_systemctl_show("\n".join(show)), parse_journal_json("\n".join(journal))
+        else:
+            part.append(line)
+
+
 def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None, previous_invocation: str = "",
              on_progress: Callable[[GateState, Observation], None] | None = None,
-             clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
-             deadline_s: float | None = None) -> GateResult:
+             clock: Callable[[], float] = time.monotonic, deadline_s: float | None = None) -> GateResult:
     from ddtree_ops.diagnose.classify import Scanner
+    from ddtree_ops.ssh import RemoteTimeout
 
     cfg = GateConfig(deadline_s=deadline_s or p.gate.startup_deadline_s, stay_s=p.gate.stay_healthy_s,
                      poll_s=p.gate.poll_interval_s, http_timeout_s=p.gate.http_timeout_s,
                      speculative=is_speculative(p, mode))
     state = GateState(cfg, Scanner(), previous_invocation)
-    unit = p.service.unit
     t0 = clock()
     invocation = ""
-    while True:
-        started = clock()
-        try:
-            res = host.run(_joined_poll(unit, cursor), timeout=30)
-        except HostUnreachable as exc:
+
+    def ours(lines: list[JournalLine]) -> list[JournalLine]:
+        return [ln for ln in lines if (not ln.invocation or not invocation or ln.invocation == invocation)
+                and not (previous_invocation and ln.invocation == previous_invocation)]
+
+    try:
+        with host.stream(watch_argv(p.service.unit, cursor, cfg.poll_s)) as watch:
+            while True:
+                u, lines = read_frame(watch, timeout=30 + cfg.poll_s)
+                if u.invocation != previous_invocation:
+                    invocation = invocation or u.invocation
+                health, health_err, smoke = None, "", None
+                if u.active in ("active", "activating") and not u.failed:
+                    try:
+                        health = host.http("GET", p.service.port, "/health_generate",
+                                           timeout=min(cfg.http_timeout_s, 5.0)).status
+                    except HttpUnavailable as exc:
+                        health_err = str(exc)
+                    if state.phase is Phase.SMOKE or (state.phase is Phase.STARTING and health == 200):
+                        smoke = smoke_request(host, p, speculative=cfg.speculative, timeout=cfg.http_timeout_s)
+                obs = Observation(clock() - t0, u, ours(lines), health, health_err, smoke)
+                status = state.step(obs)
+                if on_progress:
+                    on_progress(state, obs)
+                if status is not Status.WAIT:
+                    break
+            verdict_wall, elapsed = time.time(), clock() - t0
+            if state.status is Status.FAIL:
+                # the lines right after the first fatal one often name the real cause: read one more
+                # frame for the diagnosis (the verdict and its timing are already fixed)
+                try:
+                    more = ours(read_frame(watch, timeout=5 + cfg.poll_s)[1])
+                    state.lines.extend(more)
+                    state.scanner.feed([ln.message for ln in more])
+                except (HostUnreachable, RemoteTimeout):
+                    pass
+    except (HostUnreachable, RemoteTimeout) as exc:
+        if state.status is Status.WAIT:
             state._fail(f"lost the connection to the host during the gate ({exc})")
-            break
-        u, lines = parse_poll(res.stdout)
-        if lines:
-            cursor = lines[-1].cursor or cursor
-        if u.invocation != previous_invocation:
-            invocation = invocation or u.invocation
-        lines = [ln for ln in lines if (not ln.invocation or not invocation or ln.invocation == invocation)
-                 and not (previous_invocation and ln.invocation == previous_invocation)]
-        health, health_err, smoke = None, "", None
-        if u.active in ("active", "activating") and not u.failed:
-            try:
-                health = host.http("GET", p.service.port, "/health_generate",
-                                   timeout=min(cfg.http_timeout_s, 5.0)).status
-            except HttpUnavailable as exc:
-                health_err = str(exc)
-            if state.phase is Phase.SMOKE or (state.phase is Phase.STARTING and health == 200):
-                smoke = smoke_request(host, p, speculative=cfg.speculative, timeout=cfg.http_timeout_s)
-        obs = Observation(clock() - t0, u, lines, health, health_err, smoke)
-        status = state.step(obs)
-        if on_progress:
-            on_progress(state, obs)
-        if status is not Status.WAIT:
-            break
-        sleep(max(0.0, cfg.poll_s - (clock() - started)))
-    verdict_wall, elapsed = time.time(), clock() - t0
-    if state.status is Status.FAIL:
-        # the lines right after the first fatal one often name the real cause: read one more poll
-        # for the diagnosis (the verdict and its timing are already fixed)
-        sleep(cfg.poll_s)
-        try:
-            res = host.run(_joined_poll(unit, cursor), timeout=30)
-            more = [ln for ln in parse_poll(res.stdout)[1]
-                    if not ln.invocation or not invocation or ln.invocation == invocation]
-            state.lines.extend(more)
-            state.scanner.feed([ln.message for ln in more])
-        except HostUnreachable:
-            pass
+        verdict_wall, elapsed = time.time(), clock() - t0
     return GateResult(state.status is Status.PASS, state.reason, elapsed, state, verdict_wall)
-
-
-def _joined_poll(unit: str, cursor: str | None) -> list[str]:
-    from ddtree_ops import remote
-
-    return _joined(remote.systemctl_show(unit), remote.journal_after(unit, cursor))

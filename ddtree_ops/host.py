@@ -106,5 +106,23 @@ class Host(Protocol):
         """HTTP to a port on the host's own loopback (through the SSH connection)."""
         ...
 
+    def stream(self, argv: Argv, *, timeout: float = 30.0) -> LineStream:
+        """Start a long-running command and read its output line by line as it comes (a context
+        manager; leaving it stops the command)."""
+        ...
+
     def close(self) -> None:
+        ...
+
+
+class LineStream(Protocol):
+    def readline(self, timeout: float) -> str | None:
+        """The next line without its newline; None at the end of the output. Raises
+        RemoteTimeout (an OpsError) when nothing arrives in time."""
+        ...
+
+    def __enter__(self) -> LineStream:
+        ...
+
+    def __exit__(self, *exc: object) -> None:
         ...

@@ -18,7 +18,13 @@ from contextlib import contextmanager
 from ddtree_ops import output, remote
 from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host
-from ddtree_ops.releases import Layout, operator, read_text, utc_now
+from ddtree_ops.releases import Layout, operator, utc_now
+
+# mkdir is atomic: exactly one of two racing deploys creates the lock directory (Kamal's lock).
+# The winner writes who/when into it from stdin; a loser prints the holder's details instead.
+_ACQUIRE = ('mkdir -p -m 0700 -- "$1" || exit 3; '
+            'if mkdir -- "$2" 2>/dev/null; then cat > "$2/info.json"; exit 0; fi; '
+            'cat -- "$2/info.json" 2>/dev/null; exit 1')
 
 
 class LockHeld(OpsError):
@@ -42,10 +48,12 @@ class LockInfo:
 def read_lock(host: Host, layout: Layout) -> LockInfo | None:
     res = host.run(["sh", "-c", 'test -d "$1" || exit 44; cat "$1/info.json" 2>/dev/null', "sh", layout.lock],
                    sudo=True, timeout=20)
-    if res.rc == 44:
-        return None
+    return None if res.rc == 44 else _info(res.stdout)
+
+
+def _info(text: str) -> LockInfo:
     try:
-        raw: dict[str, Any] = json.loads(res.stdout) if res.stdout.strip() else {}
+        raw: dict[str, Any] = json.loads(text) if text.strip() else {}
     except json.JSONDecodeError:
         raw = {}
     return LockInfo(by=raw.get("by", "unknown"), pid=int(raw.get("pid", 0) or 0), since=raw.get("since", "?"),
@@ -66,18 +74,18 @@ def _owner_is_dead_here(info: LockInfo) -> bool:
 
 
 def acquire(host: Host, layout: Layout, *, command: str, release: str | None, wait_s: float = 0) -> None:
-    host.run(remote.mkdirs(layout.root, mode="0700"), sudo=True, timeout=20)
     deadline = time.monotonic() + wait_s
     announced = False
     while True:
-        if host.run(remote.mkdir_lock(layout.lock), sudo=True, timeout=20).ok:
-            info = {"by": operator(), "pid": os.getpid(), "since": utc_now(), "command": command,
-                    "release": release, "control_host": socket.gethostname()}
-            host.put(f"{layout.lock}/info.json", json.dumps(info).encode(), mode=0o644)
+        info = {"by": operator(), "pid": os.getpid(), "since": utc_now(), "command": command,
+                "release": release, "control_host": socket.gethostname()}
+        res = host.run(["sh", "-c", _ACQUIRE, "sh", layout.root, layout.lock], stdin=json.dumps(info).encode(),
+                       sudo=True, timeout=20)
+        if res.rc == 0:
             return
-        held = read_lock(host, layout)
-        if held is None:
-            continue  # released between our mkdir and our read: try again at once
+        if res.rc != 1:
+            res.check(f"taking the deploy lock {layout.lock}")
+        held = _info(res.stdout)
         if _owner_is_dead_here(held):
             output.warn(f"{host.name}: taking over a lock whose process {held.pid} on this machine is gone "
                         f"({held.describe()})")
@@ -109,6 +117,3 @@ def held(host: Host, layout: Layout, *, command: str, release: str | None, wait_
             output.warn(f"{host.name}: could not release the deploy lock ({exc}); "
                         f"run `ddtree-ops lock release {host.name}`")
 
-
-def lock_text(host: Host, layout: Layout) -> str | None:
-    return read_text(host, f"{layout.lock}/info.json")

@@ -15,7 +15,7 @@ from typing import Any
 
 from ddtree_ops import memory, remote
 from ddtree_ops.gpu import GpuSnapshot, snapshot
-from ddtree_ops.host import Host
+from ddtree_ops.host import Host, Result
 from ddtree_ops.observe import read_files
 from ddtree_ops.profile import DDTreeShadowMode, DflashMode, NextnMode, Profile
 from ddtree_ops.releases import Layout
@@ -163,9 +163,9 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
             pf.add("draft", FAIL, f"{draft}/config.json is missing or unreadable on the host")
             return
         draft_weights = memory.draft_weights_bytes(draft_cfg, target)
+        # the draft's own KV pool has the target's token capacity (EAGLE/NEXTN and DFlash alike)
+        draft_cell = memory.model_shape(draft_cfg).cell_bytes(p.memory.kv_cache_dtype)
         if isinstance(cfg, (DflashMode, DDTreeShadowMode)):
-            dshape = memory.model_shape(draft_cfg)
-            draft_cell = dshape.cell_bytes(p.memory.kv_cache_dtype)
             _check_dflash_draft(pf, cfg, draft, draft_cfg, target.layers)
         else:
             pf.add("draft", OK, f"{draft}: {memory.model_shape(draft_cfg).layers}-layer draft")
@@ -180,7 +180,8 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
     plan = pf.memory
     if plan.problems:
         fixes = "; or ".join(plan.suggestions) if plan.suggestions else "a smaller model, quantization or more GPUs"
-        pf.add("memory", FAIL, f"{plan.summary()}. {' '.join(plan.problems)}. Would fit: {fixes}",
+        why = plan.problems[0] if plan.tokens <= 0 else "that does not fit"
+        pf.add("memory", FAIL, f"{plan.summary()}: {why}. Would fit: {fixes}",
                tokens=plan.tokens, needed=plan.needed_tokens, suggestions=plan.suggestions)
     else:
         pf.add("memory", WARN if plan.warnings else OK, plan.summary() + ("; " + " ".join(plan.warnings) if plan.warnings else ""),
@@ -215,10 +216,11 @@ def _check_dflash_draft(pf: Preflight, cfg: DflashMode | DDTreeShadowMode, draft
         pf.add("draft", OK, f"{draft}: DFlash draft, {len(ids)} captured target layers {ids}, block {block or cfg.block_size}")
 
 
-def check_sglang(pf: Preflight, p: Profile, mode: str, rendered: Rendered, host: Host, layout: Layout,
-                 plugin_version: str) -> None:
+def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout,
+                 plugin_version: str) -> tuple[dict[str, Any] | None, str]:
     """The launch flags through the host's own SGLang parser; the algorithm through its plugin loader.
-    A pass is cached on the host per (argv, sglang install) since importing SGLang takes seconds."""
+    A pass is cached on the host per (argv, sglang and plugin install) since importing SGLang takes
+    seconds. Returns the check's report, or None and why it could not run."""
     cfg = p.mode(mode)
     algo = cfg.algorithm if isinstance(cfg, DDTreeShadowMode) else ""
     env = {"SGLANG_PLUGINS": "ddtree"} if algo else {}
@@ -240,10 +242,19 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, rendered: Rendered, host:
     res = host.run(["sh", "-c", script], sudo=True, timeout=180)
     payload = res.stdout.rpartition("\x1d")[2].strip()
     try:
-        doc = json.loads(payload)
+        return json.loads(payload), ""
     except json.JSONDecodeError:
         tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        pf.add("sglang", FAIL, f"{python} could not run SGLang's argument parser: {tail[0][:300]}")
+        return None, f"{python} could not run SGLang's argument parser: {tail[0][:300]}"
+
+
+def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, Any] | None, str],
+                 plugin_version: str) -> None:
+    doc, error = found
+    python = p.service.python
+    algo = p.mode(mode).algorithm if isinstance(p.mode(mode), DDTreeShadowMode) else ""
+    if doc is None:
+        pf.add("sglang", FAIL, error)
         return
     pf.sglang_version = doc.get("sglang")
     if not doc.get("sglang"):
@@ -272,11 +283,14 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, rendered: Rendered, host:
 VERIFY_IGNORE = ("Unit sysinit.target not found",)
 
 
-def check_unit(pf: Preflight, host: Host, rendered: Rendered) -> None:
+def verify_unit(host: Host, rendered: Rendered) -> Result:
     """systemd-analyze verify on the host, on a staged copy under the unit's real file name."""
     script = ('d=$(mktemp -d /tmp/ddtree-ops-verify.XXXXXX) || exit 1; f="$d/$1"; cat > "$f"; '
               'systemd-analyze verify -- "$f" 2>&1; rc=$?; rm -rf -- "$d"; exit $rc')
-    res = host.run(["sh", "-c", script, "sh", rendered.unit_name], stdin=rendered.unit_text.encode(), timeout=60)
+    return host.run(["sh", "-c", script, "sh", rendered.unit_name], stdin=rendered.unit_text.encode(), timeout=60)
+
+
+def check_unit(pf: Preflight, res: Result, rendered: Rendered) -> None:
     lines = [ln for ln in res.stdout.splitlines()
              if rendered.unit_name in ln and not any(i in ln for i in VERIFY_IGNORE)]
     if lines or (res.rc != 0 and not res.stdout.strip()):
@@ -287,6 +301,10 @@ def check_unit(pf: Preflight, host: Host, rendered: Rendered) -> None:
 
 def run_preflight(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout,
                   plugin_version: str) -> Preflight:
+    """The four reads run side by side on the one SSH connection (each is a round trip, one
+    imports SGLang on the host); the checks then judge what came back, in a fixed order."""
+    from concurrent.futures import ThreadPoolExecutor
+
     pf = Preflight()
     s = p.service
     paths = [f"{s.model_path}/config.json", f"{s.model_path}/model.safetensors.index.json",
@@ -294,12 +312,17 @@ def run_preflight(host: Host, p: Profile, mode: str, rendered: Rendered, layout:
     draft = _draft_path(p, mode)
     if draft:
         paths.append(f"{draft}/config.json")
-    files = read_files(host, paths)
+    with ThreadPoolExecutor(4) as pool:
+        f_files = pool.submit(read_files, host, paths)
+        f_gpu = pool.submit(snapshot, host, s.python)
+        f_sglang = pool.submit(sglang_check, host, p, mode, rendered, layout, plugin_version)
+        f_unit = pool.submit(verify_unit, host, rendered)
+        files = f_files.result()
     installed_unit, installed_env = files.get(rendered.unit_path), files.get(rendered.env_path)
     pf.installed_unit = installed_unit.decode() if installed_unit is not None else None
     pf.installed_env = installed_env.decode() if installed_env is not None else None
-    check_gpu(pf, p, snapshot(host, s.python))
+    check_gpu(pf, p, f_gpu.result())
     check_models(pf, p, mode, files)
-    check_sglang(pf, p, mode, rendered, host, layout, plugin_version)
-    check_unit(pf, host, rendered)
+    check_sglang(pf, p, mode, f_sglang.result(), plugin_version)
+    check_unit(pf, f_unit.result(), rendered)
     return pf

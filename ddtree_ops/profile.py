@@ -136,7 +136,7 @@ class ModesSection(_Strict):
 class GateSection(_Strict):
     startup_deadline_s: Seconds = 900
     stay_healthy_s: Annotated[float, Field(ge=0)] = 30
-    poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.5
+    poll_interval_s: Annotated[float, Field(gt=0, le=60)] = 0.25
     http_timeout_s: Seconds = 10
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 Argv = list[str]
 
+# INVOCATION_ID tags systemd's own lines about the unit, _SYSTEMD_INVOCATION_ID the service's
+JOURNAL_FIELDS = "MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,UNIT,__REALTIME_TIMESTAMP,_PID,PRIORITY"
 UNIT_PROPS = ("ActiveState", "SubState", "Result", "ExecMainStatus", "ExecMainCode", "MainPID",
               "NRestarts", "InvocationID", "ActiveEnterTimestampMonotonic", "LoadState",
               "UnitFileState", "FragmentPath", "DropInPaths")
@@ -60,8 +62,7 @@ def journal_cursor(unit: str) -> Argv:
 
 def journal_after(unit: str, cursor: str | None, *, max_lines: int = 5000) -> Argv:
     argv = ["journalctl", "--unit", unit, "--output", "json", "--no-pager", "--quiet",
-            # INVOCATION_ID tags systemd's own lines about the unit, _SYSTEMD_INVOCATION_ID the service's
-            "--output-fields", "MESSAGE,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,UNIT,__REALTIME_TIMESTAMP,_PID,PRIORITY"]
+            "--output-fields", JOURNAL_FIELDS]
     if cursor:
         argv += ["--after-cursor", cursor]
     else:

@@ -200,7 +200,8 @@ class SSHHost:
         self.name = name
         self.endpoint = endpoint
         self.use_sudo = use_sudo
-        self.round_trips = 0
+        self.round_trips = 0  # commands + streams + HTTP requests
+        self.sessions = 0  # commands + streams: each one is a login (PAM session) on the host
         self._lock = threading.Lock()
         self._strict = strict
         self._connect(retries)
@@ -243,6 +244,7 @@ class SSHHost:
             raise HostUnreachable(f"{self.name}: SSH connection lost")
         with self._lock:
             self.round_trips += 1
+            self.sessions += 1
         try:
             chan = transport.open_session(timeout=timeout)
         except (paramiko.SSHException, EOFError, OSError) as exc:
@@ -255,19 +257,21 @@ class SSHHost:
                 chan.sendall(stdin)
             chan.shutdown_write()
             deadline = t0 + timeout
+            # Read to EOF, not to the exit status: sshd may send the exit status while output
+            # still sits in its buffers (seen with several channels in flight at once).
             while True:
                 if chan.recv_ready():
                     out += chan.recv(65536)
                 elif chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
-                elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                elif chan.eof_received:
                     break
                 else:
                     if time.monotonic() > deadline:
                         raise RemoteTimeout(f"{self.name}: command timed out after {timeout:g}s: {command[:120]}")
                     if transport is None or not transport.is_active():
                         raise HostUnreachable(f"{self.name}: SSH connection lost while running {command[:80]}")
-                    chan.status_event.wait(0.005)
+                    time.sleep(0.002)
             while chan.recv_ready():
                 out += chan.recv(65536)
             while chan.recv_stderr_ready():
@@ -307,6 +311,22 @@ class SSHHost:
         if rc != 0:
             raise OpsError(f"{self.name}: cannot read {path}: {err.decode('utf-8', 'replace').strip()}")
         return out
+
+    def stream(self, argv: Sequence[str], *, timeout: float = 30.0) -> _ChannelLines:
+        import paramiko
+
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            raise HostUnreachable(f"{self.name}: SSH connection lost")
+        with self._lock:
+            self.round_trips += 1
+            self.sessions += 1
+        try:
+            chan = transport.open_session(timeout=timeout)
+            chan.exec_command(shlex.join(list(argv)))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostUnreachable(f"{self.name}: SSH connection lost ({_reason(exc)})") from None
+        return _ChannelLines(self.name, chan)
 
     # ---------------------------------------------------------------- HTTP over the SSH connection
 
@@ -356,6 +376,41 @@ class SSHHost:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _ChannelLines:
+    """Lines from a running remote command, each read with its own deadline."""
+
+    def __init__(self, name: str, chan: paramiko.Channel) -> None:
+        self._name, self._chan, self._buf = name, chan, b""
+
+    def readline(self, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RemoteTimeout(f"{self._name}: no output from the watcher for {timeout:g}s")
+            self._chan.settimeout(left)
+            try:
+                data = self._chan.recv(65536)
+            except socket.timeout:
+                continue
+            except (OSError, EOFError) as exc:
+                raise HostUnreachable(f"{self._name}: SSH connection lost ({_reason(exc)})") from None
+            if not data:
+                if self._chan.get_transport() is None or not self._chan.get_transport().is_active():
+                    raise HostUnreachable(f"{self._name}: SSH connection lost")
+                rest, self._buf = self._buf, b""
+                return rest.decode("utf-8", "replace") if rest else None
+            self._buf += data
+        line, _, self._buf = self._buf.partition(b"\n")
+        return line.decode("utf-8", "replace")
+
+    def __enter__(self) -> _ChannelLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._chan.close()  # the remote loop dies of SIGPIPE at its next write
 
 
 class _ChannelSock:

@@ -41,7 +41,7 @@ run 1 ddtree-ops deploy ct129 --mode ddtree-shadow --yes \
 run 0 ddtree-ops lab fault ct129 clear
 
 step "What went wrong on ct129, from its journal"
-run 2 ddtree-ops diagnose ct129
+run 1 ddtree-ops diagnose ct129
 
 step "What ct129 ran, and what it runs now"
 run 0 ddtree-ops history ct129

@@ -54,7 +54,8 @@ def release(host: str = typer.Argument(...), ssh_config: Optional[str] = SshConf
             output.say(f"{host}: the lock is not held")
             return 0
         release_lock(h, layout)
-        releases.audit(h, layout, f"lock-release {host} (was {info.describe()})")
+        releases.apply(h, releases.Change().audit(layout, f"lock-release {host} (was {info.describe()})"),
+                       what="recording the lock release")
     output.say(f"{host}: released the lock that was {info.describe()}")
     return 0
 

@@ -573,7 +573,8 @@ _XID_RX = re.compile(r"NVRM: Xid \([^)]{0,64}\): ([0-9]{1,4})")
 
 
 def parse_memory(text: str, facts: MemoryFacts | None = None) -> MemoryFacts:
-    """Numbers from one SGLang memory line, merged into `facts` (the last report wins)."""
+    """Numbers from one SGLang memory line, merged into `facts`. The first report of a number
+    wins: SGLang logs the target's weights and KV pool before a draft model's own."""
     facts = facts if facts is not None else MemoryFacts()
     updates: dict[str, Any] = {}
     for rx, fields in _MEM_PARSERS:
@@ -581,7 +582,7 @@ def parse_memory(text: str, facts: MemoryFacts | None = None) -> MemoryFacts:
         if not m:
             continue
         for (name, kind), value in zip(fields, m.groups(), strict=False):
-            if name not in updates:
+            if name not in updates and getattr(facts, name) is None:
                 updates[name] = kind(value)
     return replace(facts, **updates) if updates else facts
 

@@ -338,6 +338,13 @@ class LiveDiagnosis:
         from dataclasses import replace
 
         findings = [*self.current.findings, *self.extra]
+        last = self.previous[-1] if self.previous else None
+        if last is not None and last.report.root_cause is not None and self.current.root_cause is None:
+            # healthy now (e.g. after a rollback), but the start before this one failed: say why,
+            # as a warning, so `diagnose HOST` after a rolled-back deploy still names the cause
+            rc = last.report.root_cause
+            findings.append(replace(rc, severity="warning", rule_id="previous_start_failed",
+                                    text=f"the previous start ({last.invocation[:12]}) failed: {rc.text.strip()}"))
         hardware = [f for f in self.extra if f.hardware and f.severity == "fatal"]
         root = (hardware[0] if hardware else self.current.root_cause
                 or choose_root([f for f in self.extra if f.severity == "fatal"]))
@@ -503,9 +510,8 @@ def predict_memory(host: Host, profile: Profile, mode: str | None, diag: LiveDia
         draft_cfg = _read_json(host, f"{draft_path}/config.json") if draft_path else None
     except Exception:  # an unconfigured mode or unreadable config: no prediction, not a crash
         return None
-    draft_cell = 0
-    if draft_cfg and mode in ("dflash", "ddtree-shadow"):
-        draft_cell = memory.model_shape(draft_cfg).cell_bytes(profile.memory.kv_cache_dtype)
+    # the draft's own KV pool has the target's token capacity, for EAGLE/NEXTN and DFlash alike
+    draft_cell = memory.model_shape(draft_cfg).cell_bytes(profile.memory.kv_cache_dtype) if draft_cfg else 0
     gpu = diag.gpus[0]
     others = sum(a.used_mib for a in diag.gpu_apps if a.pid not in diag.service_pids)
     return memory.plan(gpu_total_mib=gpu.memory_total_mib, free_mib=gpu.memory_total_mib - others,

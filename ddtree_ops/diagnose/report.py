@@ -60,25 +60,16 @@ def render(report: Report, *, source: str, console: Console | None = None,
     if live is not None:
         _render_live_head(con, live)
     root = report.root_cause
+    last = next((f for f in report.findings if f.rule_id == "previous_start_failed"), None)
     if root is not None:
-        con.print(f"\n[bold]cause[/]     {root.label}" + ("  [bold magenta]hardware: do not roll back the software[/]"
-                                                        if root.hardware else ""))
-        con.print(f"[bold]evidence[/]  line {root.line}: {_esc(root.text.strip()[:300])}")
-        # show the match only where it is not obvious from the start of the line
-        if root.evidence and root.text.find(root.evidence[:40]) > 40:
-            con.print(f"          matched: [italic]{_esc(root.evidence[:200])}[/]")
-        if root.meaning:
-            con.print(f"[bold]meaning[/]   {_esc(root.meaning)}")
-        head = remedy_head(root)
-        if head:
-            con.print(f"[bold]remedy[/]    [bold]{_esc(head)}[/]")
-            con.print(f"          {_esc(root.remedy)}")
-        else:
-            con.print(f"[bold]remedy[/]    {_esc(root.remedy)}")
+        _render_cause(con, root)
+    elif last is not None:
+        con.print("\n[bold]serving now[/]; the start before this one failed:")
+        _render_cause(con, last)
     elif report.verdict == "healthy":
         ready = f"ready at line {report.ready_line}" if report.ready_line else "no failure signature"
         con.print(f"\n{ready}; nothing to fix.")
-    others = [f for f in report.findings if f is not root and f.severity in ("fatal", "warning")]
+    others = [f for f in report.findings if f is not root and f is not last and f.severity in ("fatal", "warning")]
     benign = [f for f in report.findings if f.severity == "benign"]
     if others:
         con.print(f"\n[bold]other findings[/] ({len(others)}: context and consequences of the cause)")
@@ -105,6 +96,23 @@ def render(report: Report, *, source: str, console: Console | None = None,
         con.print(f"[bold]accept len[/] last reports: {vals}")
     if live is not None:
         _render_live_tail(con, live)
+
+
+def _render_cause(con: Console, root: Finding) -> None:
+    con.print(f"\n[bold]cause[/]     {root.label}" + ("  [bold magenta]hardware: do not roll back the software[/]"
+                                                    if root.hardware else ""))
+    con.print(f"[bold]evidence[/]  line {root.line}: {_esc(root.text.strip()[:300])}")
+    # show the match only where it is not obvious from the start of the line
+    if root.evidence and root.text.find(root.evidence[:40]) > 40:
+        con.print(f"          matched: [italic]{_esc(root.evidence[:200])}[/]")
+    if root.meaning:
+        con.print(f"[bold]meaning[/]   {_esc(root.meaning)}")
+    head = remedy_head(root)
+    if head:
+        con.print(f"[bold]remedy[/]    [bold]{_esc(head)}[/]")
+        con.print(f"          {_esc(root.remedy)}")
+    else:
+        con.print(f"[bold]remedy[/]    {_esc(root.remedy)}")
 
 
 def _render_live_head(con: Console, live: LiveDiagnosis) -> None:

@@ -7,7 +7,11 @@ prefix-closed because log-probs are <= 0. Two builds return the same tree, node 
 - `build_tree_heap`: best-first heap on the host, in the reference's style (one device-to-host
   copy of the L x K top-k table, then B pops).
 - `build_tree_vectorized`: a depth-by-depth beam of width B on the device with static shapes and
-  no host sync, so it can be captured in a CUDA graph (`TreeBuilder`).
+  no host sync, so it can be captured in a CUDA graph (`TreeBuilder`). On CUDA (with Triton)
+  the selection runs as one fused kernel (`tree_kernels`); elsewhere as PyTorch ops.
+- `build_tree_fused` / `TreeBuilder(how="fused")`: the whole build from draft logits on CUDA in
+  four launches: `log_probs` (the same op the reference calls), a fused per-row top-K, the
+  fused selection and the visibility kernel. The PyTorch builds stay as reference and fallback.
 
 Scores are fixed-point integers (2**-24 nats). Integer sums are exact and associative, so both
 builds (and any device) order ties identically; float sums would let rounding pick different
@@ -58,11 +62,38 @@ def quantize_logprobs(logprobs: torch.Tensor) -> torch.Tensor:
     return torch.round(logprobs.float().clamp_min(LP_FLOOR) * (1 << SCORE_BITS)).to(torch.int64)
 
 
+def log_probs(logits: torch.Tensor) -> torch.Tensor:
+    """fp32 log-softmax over the last dimension. Every build calls exactly this op, so the
+    reference and the fused GPU path see bit-identical log-probs on a device."""
+    return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
+
+
+def order_keys(logprobs: torch.Tensor) -> torch.Tensor:
+    """Unique int64 keys in the canonical top-k order: log-prob descending, then token id
+    ascending. High 32 bits: the float's bits made monotone (-0.0 taken as +0.0); low 32 bits:
+    2**32 - 1 - token id. The Triton kernel builds the same keys (`tree_kernels._order_key`)."""
+    x = torch.where(logprobs == 0, torch.zeros_like(logprobs), logprobs)
+    bits = x.view(torch.int32).to(torch.int64)
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    ids = torch.arange(x.shape[-1], dtype=torch.int64, device=x.device)
+    return ordered * (1 << 32) + ((1 << 32) - 1 - ids)
+
+
+def topk_of_logprobs(logprobs: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k tokens of fp32 log-probs [..., V] in the canonical order, and their quantised scores."""
+    k = max(0, min(int(k), int(logprobs.shape[-1])))
+    top = torch.topk(order_keys(logprobs), k, dim=-1, sorted=True).values
+    tokens = ((1 << 32) - 1) - (top & ((1 << 32) - 1))
+    return tokens, quantize_logprobs(logprobs.gather(-1, tokens))
+
+
 def topk_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row of [..., V] logits: the top-k tokens and their quantised log-probs (fp32 softmax)."""
-    k = max(0, min(int(k), int(logits.shape[-1])))
-    values, tokens = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1, sorted=True)
-    return tokens.to(torch.int64), quantize_logprobs(values)
+    """Per row of [..., V] logits: the top-k tokens and their quantised log-probs (fp32 softmax).
+
+    Ties are ordered by token id (smaller first), on every device: `torch.topk` alone leaves the
+    order of equal values to the implementation (it differs between CPU and CUDA, and between
+    sizes on CUDA), and bf16 logits tie often. Unique int64 keys make the order exact."""
+    return topk_of_logprobs(log_probs(logits), k)
 
 
 def draft_topk(draft_logits: torch.Tensor, k: int) -> DraftTopK:
@@ -240,18 +271,72 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, budget: int, how: st
     return node_tokens, parents, d_sel + 1, ranks, valid
 
 
-def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int) -> Tree:
-    """The same tree as `build_tree_heap`, built on the tensors' device; one sync to trim."""
+def fused_available(device: torch.device | str) -> bool:
+    """The Triton path runs on CUDA, and on the CPU only under TRITON_INTERPRET=1 (tests)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return _triton_importable()
+    if device.type == "cpu":
+        import os
+
+        return os.environ.get("TRITON_INTERPRET") == "1" and _triton_importable()
+    return False
+
+
+@lru_cache(maxsize=1)
+def _triton_importable() -> bool:
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _tree_from_nodes(nodes: dict[str, torch.Tensor]) -> Tree:
+    n = int(nodes["valid"].sum())         # valid slots are a prefix (root included)
+    return Tree(*(nodes[key][:n] for key in ("tokens", "parents", "depths", "ranks")))
+
+
+def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int, fused: bool | None = None) -> Tree:
+    """The same tree as `build_tree_heap`, built on the tensors' device; one sync to trim.
+
+    `fused=None` takes the Triton selection kernel where it runs (CUDA), PyTorch ops elsewhere."""
     if budget > MAX_BUDGET:
         raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
     device = top.tokens.device
     root = lambda v: torch.tensor([v], dtype=torch.int64, device=device)  # noqa: E731
     if budget <= 0 or top.depth == 0 or top.k == 0:
         return Tree(root(root_token), root(-1), root(0), root(0))
+    if fused if fused is not None else (device.type == "cuda" and fused_available(device)):
+        from ddtree_ops.engine import tree_kernels
+
+        return _tree_from_nodes(tree_kernels.select_nodes(top.scores, top.tokens, budget, root(root_token)))
     tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, budget)
     n = int(valid.sum())                  # valid slots are a prefix (they sort first)
     return Tree(torch.cat([root(root_token), tokens[:n]]), torch.cat([root(-1), parents[:n]]),
                 torch.cat([root(0), depths[:n]]), torch.cat([root(0), ranks[:n]]))
+
+
+def draft_topk_fused(draft_logits: torch.Tensor, k: int) -> DraftTopK:
+    """`draft_topk` with the Triton top-K kernel (same log-probs, same order, same scores)."""
+    from ddtree_ops.engine import tree_kernels
+
+    if draft_logits.dim() != 2:
+        raise ValueError(f"draft logits must be [L, V], got shape {tuple(draft_logits.shape)}")
+    if draft_logits.shape[0] > MAX_DEPTH:
+        raise ValueError(f"draft horizon {draft_logits.shape[0]} exceeds the supported maximum {MAX_DEPTH}")
+    k = max(0, min(int(k), int(draft_logits.shape[-1])))
+    tokens, scores = tree_kernels.topk_rows(log_probs(draft_logits), k)
+    return DraftTopK(tokens=tokens, scores=scores)
+
+
+def build_tree_fused(draft_logits: torch.Tensor, budget: int, root_token: int) -> Tree:
+    """Draft logits [L, V] to the tree with the Triton kernels (CUDA); same tree as
+    `build_tree_heap(draft_topk(draft_logits, K), budget, root_token)`. One sync, to trim."""
+    if budget > MAX_BUDGET:
+        raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
+    top = draft_topk_fused(draft_logits, budget_topk(budget, int(draft_logits.shape[-1])))
+    return build_tree_vectorized(top, budget, root_token, fused=True)
 
 
 def build_chain(top: DraftTopK, root_token: int) -> Tree:
@@ -265,10 +350,19 @@ class TreeBuilder:
 
     `capture()` records one CUDA graph of top-k + selection + visibility, so a build is one
     graph launch with no host round trip. Shapes are fixed at construction (L, V, B).
+
+    `how`: "fused" (the Triton kernels: four launches), "topk" or "sort" (PyTorch ops: the
+    selection's top-B by `torch.topk` or `torch.sort`), or "auto": fused where it runs (CUDA
+    with Triton), else "topk". Every variant gives the same outputs; invalid slots (fewer than
+    B prefixes exist, tiny vocabularies only) are flagged by `valid` and differ in content.
     """
 
     def __init__(self, depth: int, vocab: int, budget: int, device: torch.device | str,
-                 logits_dtype: torch.dtype = torch.bfloat16, how: str = "topk") -> None:
+                 logits_dtype: torch.dtype = torch.bfloat16, how: str = "auto") -> None:
+        if how not in ("auto", "fused", "topk", "sort"):
+            raise ValueError(f"how must be auto, fused, topk or sort, got {how!r}")
+        if how == "auto":
+            how = "fused" if torch.device(device).type == "cuda" and fused_available(device) else "topk"
         self.depth, self.vocab, self.budget, self.how = depth, vocab, budget, how
         self.k = budget_topk(budget, vocab)
         self.device = torch.device(device)
@@ -278,6 +372,14 @@ class TreeBuilder:
         self.out: dict[str, torch.Tensor] = {}
 
     def _run(self) -> None:
+        if self.how == "fused":
+            from ddtree_ops.engine import tree_kernels
+
+            tokens, scores = tree_kernels.topk_rows(log_probs(self.logits), self.k)
+            nodes = tree_kernels.select_nodes(scores, tokens, self.budget, self.root_token)
+            nodes["visibility"] = tree_kernels.visibility(nodes["parents"], self.depth)
+            self.out = nodes
+            return
         top = draft_topk(self.logits, self.k)
         tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, self.budget, self.how)
         zero = torch.zeros(1, dtype=torch.int64, device=self.device)

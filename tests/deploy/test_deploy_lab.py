@@ -27,7 +27,7 @@ from ddtree_ops.status import DeployExit
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
-FAST = ["gate.stay_healthy_s=3", "gate.poll_interval_s=0.25"]
+FAST = ["gate.stay_healthy_s=3"]
 
 
 def prof(host: str, *extra: str) -> Any:
@@ -184,15 +184,21 @@ def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: A
 
 
 class DroppingHost:
-    """A real SSH host whose connection is cut right after the unit's staging write."""
+    """A real SSH host whose connection is cut once, right after the step that writes the unit
+    file into place and before systemd is told (the middle of the install)."""
 
-    def __init__(self, inner: Any, cut_after: str) -> None:
-        self._inner, self._cut_after, self.name = inner, cut_after, inner.name
+    def __init__(self, inner: Any, unit_path: str) -> None:
+        import base64
 
-    def put(self, path: str, data: bytes, *, mode: int = 0o644) -> None:
-        self._inner.put(path, data, mode=mode)
-        if path.endswith(self._cut_after):
+        self._inner, self.name, self._cut = inner, inner.name, True
+        self._marker = b"W " + base64.b64encode(unit_path.encode())
+
+    def run(self, argv: Any, *, stdin: bytes | None = None, **kw: Any) -> Any:
+        res = self._inner.run(argv, stdin=stdin, **kw)
+        if self._cut and stdin and self._marker in stdin:
+            self._cut = False
             self._inner._client.close()  # a real drop: the transport goes away
+        return res
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
@@ -203,13 +209,12 @@ def test_ssh_drop_mid_install_reconnects_and_rolls_back(lab: Any, ct129: str) ->
     unit_path = f"/etc/systemd/system/{p.service.unit}"
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
         pid = unit_state(h, p.service.unit).main_pid
-        out = deploy(DroppingHost(h, ".service.ddtree-new"), p, "dflash", assume_yes=True)
+        out = deploy(DroppingHost(h, unit_path), p, "dflash", assume_yes=True)
     assert out.exit_code == DeployExit.ROLLED_BACK, out.reason
     assert "connection dropped while installing" in out.reason
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
         assert read_pending(h, layout_of(p)) is None
-        assert h.get(f"{unit_path}.ddtree-new") is None  # the staged copy never renamed in is gone
-        assert b"mode=nextn" in h.get(unit_path)
+        assert b"mode=nextn" in h.get(unit_path)  # the known-good unit is back in place
         assert unit_state(h, p.service.unit).main_pid != pid  # the rollback restarted the known-good unit
     assert_known_good_serving(lab, ct129)
 

@@ -66,7 +66,7 @@ def test_wrong_type_and_missing_field(profiles: Path) -> None:
 
 
 def test_defaults_value_errors_point_into_defaults(profiles: Path) -> None:
-    line = _edit(profiles / "defaults.yaml", "poll_interval_s: 0.5", "poll_interval_s: -1")
+    line = _edit(profiles / "defaults.yaml", "poll_interval_s: 0.25", "poll_interval_s: -1")
     with pytest.raises(ProfileError, match=rf"defaults.yaml:{line} gate.poll_interval_s: -1 is not in \(0, 60\]"):
         load_profile("ct129", directory=profiles)
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
-import shlex
 
 from ddtree_ops import remote
-from ddtree_ops.gate import _joined, parse_poll
+import pytest
+
+from ddtree_ops.gate import read_frame, watch_argv
+from ddtree_ops.host import HostUnreachable
 from ddtree_ops.observe import parse_cursor, parse_journal_json, parse_systemctl_show
 
 
@@ -64,11 +66,28 @@ def test_parse_cursor() -> None:
     assert parse_cursor("") is None
 
 
-def test_one_round_trip_poll_is_two_commands_split_by_a_separator() -> None:
-    argv = _joined(["systemctl", "show", "u"], ["journalctl", "-u", "u", "--after-cursor", "s=a b;c"])
-    assert argv[:2] == ["sh", "-c"]
-    assert shlex.split(argv[2].split(";")[0]) == ["systemctl", "show", "u"]
-    out = "ActiveState=active\nSubState=running\nLoadState=loaded\n\x1e\n" + json.dumps(
-        {"MESSAGE": "hello", "__CURSOR": "k"}) + "\n"
-    unit, lines = parse_poll(out)
-    assert unit.running and [ln.message for ln in lines] == ["hello"]
+class _Lines:
+    def __init__(self, text: str) -> None:
+        self.lines = text.split("\n")[:-1]  # not splitlines(): it also splits at \\x1d and \\x1e
+
+    def readline(self, timeout: float) -> str | None:
+        return self.lines.pop(0) if self.lines else None
+
+
+def test_gate_watcher_frames_parse_into_unit_state_and_journal_lines() -> None:
+    frames = ("ActiveState=active\nSubState=running\nLoadState=loaded\nInvocationID=i1\n\x1e\n"
+              + json.dumps({"MESSAGE": "hello", "__CURSOR": "k", "_SYSTEMD_INVOCATION_ID": "i1"}) + "\n\x1d\n"
+              + "ActiveState=failed\nSubState=failed\nLoadState=loaded\n\x1e\n\x1d\n")
+    watch = _Lines(frames)
+    unit, lines = read_frame(watch, timeout=1)
+    assert unit.running and unit.invocation == "i1" and [ln.message for ln in lines] == ["hello"]
+    unit, lines = read_frame(watch, timeout=1)
+    assert unit.failed and lines == []
+    with pytest.raises(HostUnreachable):
+        read_frame(watch, timeout=1)
+
+
+def test_gate_watcher_script_passes_everything_as_arguments() -> None:
+    argv = watch_argv("sglang.service", "s=a b;c", 0.25)
+    assert argv[:2] == ["sh", "-c"] and argv[3:7] == ["sh", "sglang.service", "0.25", "s=a b;c"]
+    assert "sglang.service" not in argv[2]  # nothing spliced into the script text
