@@ -209,16 +209,25 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
             # the fused build's parts, each as its own graph (each includes one launch)
             from ddtree_ops.engine import tree_kernels
 
-            lp = log_probs(logits)
             top = draft_topk_fused(logits, k)
             root = torch.ones(1, dtype=torch.int64, device=device)
             nodes = tree_kernels.select_nodes(top.scores, top.tokens, budget, root)
-            parts = {"log_softmax": lambda: log_probs(logits),
-                     "topk_kernel": lambda: tree_kernels.topk_rows(lp, k),
+            scratch = torch.zeros(1, device=device)
+            parts = {"empty_graph": lambda: scratch.add_(1),       # the floor of one-launch graph timing
+                     "log_softmax_torch": lambda: torch.log_softmax(logits, dim=-1, dtype=torch.float32),
+                     "stats_kernel": lambda: tree_kernels.log_softmax_stats(logits),
+                     "topk_kernels": lambda: tree_kernels.topk_rows(logits, k),
                      "select_kernel": lambda: tree_kernels.select_nodes(top.scores, top.tokens, budget, root),
-                     "visibility_kernel": lambda: tree_kernels.visibility(nodes["parents"], args.depth)}
+                     "visibility_kernel": lambda: tree_kernels.visibility(nodes)}
             for name, fn in parts.items():
                 row[f"part_{name}_s"] = graph_time(capture_graph(fn, device), device, args.reps)
+            for warps in (4, 8, 16):          # launch-shape sweep for the selection kernel
+                row[f"sweep_select_w{warps}_s"] = graph_time(capture_graph(
+                    lambda w=warps: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, num_warps=w),
+                    device), device, args.reps)
+            # accuracy of the fused log-probs against torch.log_softmax
+            row["logprob_max_abs_diff_vs_torch"] = float((log_probs(logits) - torch.log_softmax(
+                logits, dim=-1, dtype=torch.float32)).abs().max())
         if cuda:
             row["vector_graph_s"] = min(row[f"vector_graph_{how}_s"] for how in hows)
         best = row.get("vector_graph_s", row["vector_eager_s"])
@@ -236,7 +245,11 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
               f"(x{row['speedup_vs_heap_reference_style']:.1f} vs ref-style heap)", flush=True)
         if "part_select_kernel_s" in row:
             print("        parts (graph each): " + "  ".join(f"{name} {us('part_' + name + '_s'):6.1f}"
-                  for name in ("log_softmax", "topk_kernel", "select_kernel", "visibility_kernel")), flush=True)
+                  for name in ("empty_graph", "log_softmax_torch", "stats_kernel", "topk_kernels", "select_kernel",
+                               "visibility_kernel")) + f"  |lp - torch| max {row['logprob_max_abs_diff_vs_torch']:.2e}",
+                  flush=True)
+            print("        sweep: " + "  ".join(f"{key[6:-2]} {us(key):6.1f}" for key in row if key.startswith("sweep_")),
+                  flush=True)
     print("\n| B | nodes | heap (ref-style) | heap (canonical top-k) | fused graph | vs ref-style heap | same_tree |", flush=True)
     print("|---|---|---|---|---|---|---|", flush=True)
     for row in rows:
@@ -382,6 +395,12 @@ def machine(device: torch.device) -> dict[str, Any]:
     info: dict[str, Any] = {"torch": torch.__version__, "device": str(device), "threads": torch.get_num_threads()}
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
     try:
         import transformers
 

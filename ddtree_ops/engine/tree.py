@@ -10,8 +10,9 @@ prefix-closed because log-probs are <= 0. Two builds return the same tree, node 
   no host sync, so it can be captured in a CUDA graph (`TreeBuilder`). On CUDA (with Triton)
   the selection runs as one fused kernel (`tree_kernels`); elsewhere as PyTorch ops.
 - `build_tree_fused` / `TreeBuilder(how="fused")`: the whole build from draft logits on CUDA in
-  four launches: `log_probs` (the same op the reference calls), a fused per-row top-K, the
-  fused selection and the visibility kernel. The PyTorch builds stay as reference and fallback.
+  four kernels: the row statistics of the log-softmax (the kernel `log_probs` uses there too),
+  a filtered per-row top-K, the selection and the visibility matrix. The PyTorch builds stay
+  as the reference and the fallback.
 
 Scores are fixed-point integers (2**-24 nats). Integer sums are exact and associative, so both
 builds (and any device) order ties identically; float sums would let rounding pick different
@@ -63,8 +64,19 @@ def quantize_logprobs(logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def log_probs(logits: torch.Tensor) -> torch.Tensor:
-    """fp32 log-softmax over the last dimension. Every build calls exactly this op, so the
-    reference and the fused GPU path see bit-identical log-probs on a device."""
+    """fp32 log-softmax over the last dimension: (x - m) - c per row, m the row's max, c the log
+    of the sum of exp(x - m).
+
+    Where the Triton kernels run (CUDA), m and c come from `tree_kernels.log_softmax_stats`, the
+    very kernel the fused top-K reads them from, and both sides subtract in plain fp32, so the
+    reference and the fused build see bit-identical log-probs (the exact tree depends on them:
+    a 1-ulp change in a normaliser can reorder near-tied paths). They match torch.log_softmax
+    to about 1e-6. Elsewhere this is torch.log_softmax."""
+    if logits.dim() == 2 and logits.shape[0] > 0 and fused_available(logits.device):
+        from ddtree_ops.engine import tree_kernels
+
+        stats = tree_kernels.log_softmax_stats(logits)
+        return (logits.float() - stats[:, 0:1]) - stats[:, 1:2]
     return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
@@ -326,7 +338,7 @@ def draft_topk_fused(draft_logits: torch.Tensor, k: int) -> DraftTopK:
     if draft_logits.shape[0] > MAX_DEPTH:
         raise ValueError(f"draft horizon {draft_logits.shape[0]} exceeds the supported maximum {MAX_DEPTH}")
     k = max(0, min(int(k), int(draft_logits.shape[-1])))
-    tokens, scores = tree_kernels.topk_rows(log_probs(draft_logits), k)
+    tokens, scores = tree_kernels.topk_rows(draft_logits, k)
     return DraftTopK(tokens=tokens, scores=scores)
 
 
@@ -375,9 +387,9 @@ class TreeBuilder:
         if self.how == "fused":
             from ddtree_ops.engine import tree_kernels
 
-            tokens, scores = tree_kernels.topk_rows(log_probs(self.logits), self.k)
+            tokens, scores = tree_kernels.topk_rows(self.logits, self.k)
             nodes = tree_kernels.select_nodes(scores, tokens, self.budget, self.root_token)
-            nodes["visibility"] = tree_kernels.visibility(nodes["parents"], self.depth)
+            nodes["visibility"] = tree_kernels.visibility(nodes)
             self.out = nodes
             return
         top = draft_topk(self.logits, self.k)

@@ -27,6 +27,10 @@ Keys are int64 and unique, so bitonic sorts (unstable) give exactly one answer.
 
 from __future__ import annotations
 
+import functools
+import os
+
+import torch
 import triton
 import triton.language as tl
 
@@ -56,63 +60,120 @@ def _quantize(x):
 
 
 @triton.jit
-def _topk_kernel(LP, stride_lp, V, K, TOK, SC, stride_out, SURV, stride_surv, WORK,
-                 LANES: tl.constexpr, R: tl.constexpr, KP: tl.constexpr, M: tl.constexpr,
-                 BLK: tl.constexpr):
+def _stats_kernel(X, stride_x, V, K, LANEMAX, MSTAT, SSTAT, CNT, ROWSTAT,
+                  S: tl.constexpr, SP: tl.constexpr, LANES: tl.constexpr, R: tl.constexpr):
+    """Program (row, chunk c) of R * LANES logits: the chunk's max, sum of exp(x - max) and
+    per-lane maxima. The row's last program (atomic count) combines them: ROWSTAT[row] =
+    (m, c, t0) with log-probs lp = (x - m) - c, and t0 (K > 0) the K-th largest lane maximum
+    as a log-prob, a value with at least K log-probs >= it."""
     row = tl.program_id(0)
-    base = LP + row.to(tl.int64) * stride_lp
-    # pass 1: per-lane maxima (R rows of LANES per step: more loads in flight)
+    chunk = tl.program_id(1)
     lanes = tl.arange(0, LANES)
-    rr = tl.arange(0, R)
-    lm = tl.full([LANES], float("-inf"), tl.float32)
-    for start in range(0, V, R * LANES):
-        o = start + rr[:, None] * LANES + lanes[None, :]
-        x = tl.load(base + o, mask=o < V, other=float("-inf"))
-        lm = tl.maximum(lm, tl.max(x, axis=0))
-    best = tl.sort(lm, descending=True)
-    t0 = tl.max(tl.where(lanes == K - 1, best, float("-inf")), axis=0)
-    # pass 2: survivors x >= t0 as unique keys, compacted in id order
-    surv = SURV + row.to(tl.int64) * stride_surv
-    ob = tl.arange(0, BLK)
-    ns = 0
-    for start in range(0, V, BLK):
-        o = start + ob
-        x = tl.load(base + o, mask=o < V, other=float("-inf"))
-        m = (o < V) & (x >= t0)
-        cnt = tl.sum(m.to(tl.int32), axis=0)
-        if cnt > 0:
-            pos = ns + tl.cumsum(m.to(tl.int32), axis=0) - 1
-            tl.store(surv + pos, _order_key(x, o), mask=m)
-            ns += cnt
+    o = chunk * (R * LANES) + tl.arange(0, R)[:, None] * LANES + lanes[None, :]
+    x = tl.load(X + row.to(tl.int64) * stride_x + o, mask=o < V, other=float("-inf")).to(tl.float32)
+    lm = tl.max(x, axis=0)
+    mc = tl.max(lm, axis=0)
+    sc = tl.sum(tl.sum(tl.where(o < V, tl.exp(x - mc), 0.0), axis=1), axis=0)
+    part = row * S + chunk
+    tl.store(LANEMAX + part.to(tl.int64) * LANES + lanes, lm)
+    tl.store(MSTAT + part, mc)
+    tl.store(SSTAT + part, sc)
     tl.debug_barrier()
-    # pass 3: sort; merge further chunks of M - KP into the running top-KP if there are more
-    om = tl.arange(0, M)
-    keys = tl.sort(tl.load(surv + om, mask=om < ns, other=_MINK), descending=True)
-    work = WORK + row.to(tl.int64) * KP
-    for c in range(M, ns, M - KP):
-        tl.store(work + om, keys, mask=om < KP)
-        tl.debug_barrier()
-        src = c + om - KP
-        ptr = tl.where(om < KP, work + om, surv + src)
-        keys = tl.sort(tl.load(ptr, mask=(om < KP) | (src < ns), other=_MINK), descending=True)
-        tl.debug_barrier()
-    ids = 4294967295 - (keys & 4294967295)
-    ordered = (keys >> 32).to(tl.int32)
-    x = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
-    out = row.to(tl.int64) * stride_out + om
-    tl.store(TOK + out, ids, mask=om < K)
-    tl.store(SC + out, _quantize(x), mask=om < K)
+    done = tl.atomic_add(CNT + row, 1, sem="acq_rel")
+    if done == S - 1:
+        oc = tl.arange(0, SP)
+        ms = tl.load(MSTAT + row * S + oc, mask=oc < S, other=float("-inf"), cache_modifier=".cg")
+        ss = tl.load(SSTAT + row * S + oc, mask=oc < S, other=0.0, cache_modifier=".cg")
+        m = tl.max(ms, axis=0)
+        c = tl.log(tl.sum(tl.where(ms > float("-inf"), ss * tl.exp(ms - m), 0.0), axis=0))
+        # t0 (K is a runtime value: one compiled kernel for every budget and for the
+        # reference's log-probs, so m and c are the same bits whoever asks)
+        best = tl.full([LANES], float("-inf"), tl.float32)
+        for j in range(0, S):
+            lmj = tl.load(LANEMAX + (row * S + j).to(tl.int64) * LANES + lanes, cache_modifier=".cg")
+            best = tl.maximum(best, lmj)
+        if K <= LANES // 2:
+            top_a = tl.topk(best, LANES // 2)
+            xk = tl.max(tl.where(tl.arange(0, LANES // 2) == K - 1, top_a, float("-inf")), axis=0)
+        else:
+            top_b = tl.sort(best, descending=True)
+            xk = tl.max(tl.where(lanes == K - 1, top_b, float("-inf")), axis=0)   # K > LANES: -inf
+        t0 = (xk - m) - c
+        tl.store(ROWSTAT + row * 3, m)
+        tl.store(ROWSTAT + row * 3 + 1, c)
+        tl.store(ROWSTAT + row * 3 + 2, t0)
+        tl.atomic_xchg(CNT + row, 0)
+
+
+@triton.jit
+def _gather_survivors(SURV, row, S: tl.constexpr, CH: tl.constexpr, src, ends, starts, total, oc):
+    """Keys number `src` (< 0: none) of the row's survivors, numbered across the chunks' segments."""
+    which = tl.sum((src[:, None] >= ends[None, :]).to(tl.int32), axis=1)
+    start = tl.sum(tl.where(oc[None, :] == which[:, None], starts[None, :], 0), axis=1)
+    live = (src >= 0) & (src < total)
+    addr = SURV + (row * S + which).to(tl.int64) * CH + (src - start)
+    return tl.load(addr, mask=live, other=_MINK, cache_modifier=".cg")
+
+
+@triton.jit
+def _filter_kernel(X, stride_x, V, K, ROWSTAT, SURV, NSURV, CNT, WORK, TOK, SC, stride_out,
+                   S: tl.constexpr, SP: tl.constexpr, CH: tl.constexpr, KP: tl.constexpr, M: tl.constexpr):
+    """Program (row, chunk c): the chunk's log-probs >= t0 as unique keys, compacted into the
+    chunk's segment of SURV. The row's last program sorts them (merging chunks of M - KP into
+    the running top-KP when there are more than M) and writes the top K."""
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    m = tl.load(ROWSTAT + row * 3)
+    c = tl.load(ROWSTAT + row * 3 + 1)
+    t0 = tl.load(ROWSTAT + row * 3 + 2)
+    o = chunk * CH + tl.arange(0, CH)
+    x = tl.load(X + row.to(tl.int64) * stride_x + o, mask=o < V, other=float("-inf")).to(tl.float32)
+    lp = (x - m) - c
+    keep = (o < V) & (lp >= t0)
+    pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
+    seg = SURV + (row * S + chunk).to(tl.int64) * CH
+    tl.store(seg + pos, _order_key(lp, o), mask=keep)
+    tl.store(NSURV + row * S + chunk, tl.sum(keep.to(tl.int32), axis=0))
+    tl.debug_barrier()
+    done = tl.atomic_add(CNT + row, 1, sem="acq_rel")
+    if done == S - 1:
+        oc = tl.arange(0, SP)
+        counts = tl.load(NSURV + row * S + oc, mask=oc < S, other=0, cache_modifier=".cg")
+        ends = tl.cumsum(counts, axis=0)
+        total = tl.sum(counts, axis=0)
+        starts = ends - counts
+        ends = tl.where(oc < S, ends, 2147483647)
+        om = tl.arange(0, M)
+        work = WORK + row.to(tl.int64) * KP
+        # the first M survivors, then M - KP more at a time merged into the running top-KP
+        keys = tl.sort(_gather_survivors(SURV, row, S, CH, om, ends, starts, total, oc), descending=True)
+        for base in range(M, total, M - KP):
+            tl.store(work + om, keys, mask=om < KP)
+            tl.debug_barrier()
+            more = _gather_survivors(SURV, row, S, CH, tl.where(om < KP, -1, base + om - KP), ends, starts, total, oc)
+            keys = tl.where(om < KP, tl.load(work + om, mask=om < KP, other=_MINK), more)
+            keys = tl.sort(keys, descending=True)
+            tl.debug_barrier()
+        ids = 4294967295 - (keys & 4294967295)
+        ordered = (keys >> 32).to(tl.int32)
+        v = (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).to(tl.float32, bitcast=True)
+        out = row.to(tl.int64) * stride_out + om
+        tl.store(TOK + out, ids, mask=om < K)
+        tl.store(SC + out, _quantize(v), mask=om < K)
+        tl.atomic_xchg(CNT + row, 0)
 
 
 @triton.jit
 def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                    OUT_TOK, OUT_PAR, OUT_DEP, OUT_RANK, OUT_VALID,
-                   SURV, GKEY, GSC, GMETA, BEAM, NODE_OF,
+                   SURV, GKEY, GSC, GMETA, BEAM, NODE_OF, ANC,
                    L, K, B,
-                   BP: tl.constexpr, CB: tl.constexpr):
+                   BP: tl.constexpr, CB: tl.constexpr, NP: tl.constexpr):
     ob = tl.arange(0, BP)
     om = tl.arange(0, 2 * BP)
     oc = tl.arange(0, CB)
+    pi0 = tl.load(PI + oc)          # the first chunk of the pair table: loaded once
+    pr0 = tl.load(PR + oc)
     neg = -(2 ** 62)
     tl.store(BEAM + ob, tl.where(ob == 0, 0, neg).to(tl.int64))
     ng = 0          # nodes in G
@@ -133,8 +194,12 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
             for c in range(0, npairs, CB):
                 o = c + oc
                 m = o < npairs
-                i = tl.load(PI + o, mask=m, other=0)
-                r = tl.load(PR + o, mask=m, other=0)
+                if c == 0:
+                    i = pi0
+                    r = pr0
+                else:
+                    i = tl.load(PI + o, mask=m, other=0)
+                    r = tl.load(PR + o, mask=m, other=0)
                 sc = tl.load(BEAM + i, mask=m, other=0) + tl.load(srow + r, mask=m, other=0)
                 m = m & (sc > tau)
                 cnt = tl.sum(m.to(tl.int32), axis=0)
@@ -152,9 +217,9 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                     src = c + om - BP
                     ptr = tl.where(om < BP, GKEY + om, SURV + src)
                     k = tl.load(ptr, mask=(om < BP) | (src < ns), other=_MINK)
-                    k = tl.sort(k, descending=True)
+                    k = tl.topk(k, BP)
                     tl.debug_barrier()
-                    tl.store(GKEY + om, k, mask=om < BP)
+                    tl.store(GKEY + ob, k)
                     tl.debug_barrier()
                 # the new G (first B), its new nodes in order = the next beam
                 k = tl.load(GKEY + ob)
@@ -208,6 +273,15 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
     tl.store(OUT_DEP + out, dep.to(tl.int64), mask=mo)
     tl.store(OUT_RANK + out, rank.to(tl.int64), mask=mo)
     tl.store(OUT_VALID + out, valid.to(tl.int8), mask=mo)
+    # ancestors: ANC[n, t] = the t-th ancestor of node n (t = 0: n itself), -1 above the root
+    tl.store(OUT_PAR + ob * 0, tl.full([BP], -1, tl.int64), mask=ob == 0)
+    tl.debug_barrier()
+    on = tl.arange(0, NP)
+    pn = tl.load(OUT_PAR + on, mask=on <= B, other=-1).to(tl.int32)
+    a = tl.where(on <= B, on, -1)
+    for t in range(0, L + 1):
+        tl.store(ANC + on * (L + 1) + t, a, mask=on <= B)
+        a = tl.where(a >= 0, tl.gather(pn, tl.maximum(a, 0), 0), -1)
     # the root
     first = ob == 0
     root = tl.load(ROOT + ob * 0, mask=first, other=0)
@@ -219,16 +293,16 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
 
 
 @triton.jit
-def _visibility_kernel(PAR, VIS, N, L, BI: tl.constexpr, BJ: tl.constexpr):
+def _visibility_kernel(ANC, DEP, VIS, N, L, BI: tl.constexpr, BJ: tl.constexpr):
+    """vis[i, j] = (depth j <= depth i) and ANC[i, depth i - depth j] == j: one load per entry."""
     i = tl.program_id(0) * BI + tl.arange(0, BI)
     j = tl.program_id(1) * BJ + tl.arange(0, BJ)
-    a = tl.where(i < N, i, -1).to(tl.int64)
-    vis = a[:, None] == j[None, :]
-    for _ in range(0, L):
-        a = tl.load(PAR + a, mask=a >= 0, other=-1)
-        vis = vis | (a[:, None] == j[None, :])
+    di = tl.load(DEP + i, mask=i < N, other=0).to(tl.int32)
+    dj = tl.load(DEP + j, mask=j < N, other=0).to(tl.int32)
+    t = di[:, None] - dj[None, :]
     m = (i[:, None] < N) & (j[None, :] < N)
-    tl.store(VIS + i[:, None].to(tl.int64) * N + j[None, :], vis.to(tl.int8), mask=m)
+    a = tl.load(ANC + i[:, None] * (L + 1) + t, mask=m & (t >= 0), other=-1)
+    tl.store(VIS + i[:, None].to(tl.int64) * N + j[None, :], (a == j[None, :]).to(tl.int8), mask=m)
 
 
 def next_pow2(n: int) -> int:
@@ -236,48 +310,73 @@ def next_pow2(n: int) -> int:
 
 
 def interpreting() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def topk_config(k: int) -> dict[str, int]:
-    """LANES >= 2 KP lanes; with 1024+ lanes the survivors of T0 are ~1.05-1.5 K on real
-    draft rows (151936 vocab), so one sort of M = 2 KP keys usually finishes the row. The
-    interpreter (CPU tests) uses the same code with small blocks."""
-    kp = max(2, next_pow2(k))
-    if interpreting():
-        return {"KP": kp, "M": 2 * kp, "LANES": 2 * kp, "R": 1, "BLK": 64}
-    lanes = max(1024, 2 * kp)
-    return {"KP": kp, "M": 2 * kp, "LANES": lanes, "R": max(1, 4096 // lanes), "BLK": 4096}
+def _warps(n: int) -> int:
+    return 4 if n <= 256 else 8 if n <= 1024 else 16
 
 
 # ----------------------------------------------------------------------------------------------
 # launchers (torch tensors on a CUDA device, or on the CPU under TRITON_INTERPRET=1)
 
-import functools  # noqa: E402
 
-import torch  # noqa: E402
+def topk_config(k: int) -> dict[str, int]:
+    """The final sort: M = 2 KP keys. With the 2048 lane maxima of `_stats_kernel` the
+    survivors of t0 are ~1.05-1.5 K on real draft rows (151936 vocab), so one sort usually
+    finishes a row; more are merged M - KP at a time."""
+    kp = max(2, next_pow2(k))
+    return {"KP": kp, "M": 2 * kp}
 
 
-def _warps(n: int) -> int:
-    return 4 if n <= 256 else 8 if n <= 2048 else 16
+def stats_config() -> dict[str, int]:
+    """Fixed chunking of a row for the log-softmax statistics: the same compiled kernel for
+    every budget and for `tree.log_probs`, so the normaliser has the same bits everywhere."""
+    return {"LANES": 64, "R": 1} if interpreting() else {"LANES": 2048, "R": 4}
 
 
-def topk_rows(lp: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of each row of fp32 log-probs [L, V] in (value desc, id asc): (tokens, scores) int64."""
-    rows, vocab = int(lp.shape[0]), int(lp.shape[1])
-    lp = lp.contiguous()
-    cfg = topk_config(k)
-    tokens = torch.empty((rows, k), dtype=torch.int64, device=lp.device)
-    scores = torch.empty((rows, k), dtype=torch.int64, device=lp.device)
+def _row_stats(x: torch.Tensor, k: int, counters: torch.Tensor) -> torch.Tensor:
+    rows, vocab = int(x.shape[0]), int(x.shape[1])
+    cfg = stats_config()
+    lanes, rr = cfg["LANES"], cfg["R"]
+    s = max(1, -(-vocab // (lanes * rr)))
+    lanemax = torch.empty((rows * s, lanes), dtype=torch.float32, device=x.device)
+    mstat = torch.empty(rows * s, dtype=torch.float32, device=x.device)
+    sstat = torch.empty(rows * s, dtype=torch.float32, device=x.device)
+    rowstat = torch.empty((rows, 3), dtype=torch.float32, device=x.device)
+    _stats_kernel[(rows, s)](x, x.stride(0), vocab, k, lanemax, mstat, sstat, counters, rowstat,
+                             S=s, SP=next_pow2(s), LANES=lanes, R=rr, num_warps=8)
+    return rowstat
+
+
+def log_softmax_stats(x: torch.Tensor) -> torch.Tensor:
+    """[L, V] logits -> [L, 3] fp32 (m, c, -): log-probs are (x - m) - c, computed by the caller
+    with plain fp32 subtractions (bit-identical in PyTorch and in `_filter_kernel`)."""
+    x = x.contiguous()
+    return _row_stats(x, 0, torch.zeros(int(x.shape[0]), dtype=torch.int32, device=x.device))
+
+
+def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k of the log-probs of each row of logits [L, V] (any float dtype), in (log-prob desc,
+    id asc), log-probs as in `log_softmax_stats`: (tokens, quantised scores), both int64 [L, k]."""
+    rows, vocab = int(x.shape[0]), int(x.shape[1])
+    x = x.contiguous()
+    tokens = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+    scores = torch.empty((rows, k), dtype=torch.int64, device=x.device)
     if rows == 0 or k == 0:
         return tokens, scores
-    surv = torch.empty((rows, max(vocab, cfg["M"])), dtype=torch.int64, device=lp.device)
-    work = torch.empty((rows, cfg["KP"]), dtype=torch.int64, device=lp.device)
-    _topk_kernel[(rows,)](lp, lp.stride(0), vocab, k, tokens, scores, k, surv, surv.stride(0), work,
-                          LANES=cfg["LANES"], R=cfg["R"], KP=cfg["KP"], M=cfg["M"], BLK=cfg["BLK"],
-                          num_warps=16)
+    cfg = topk_config(k)
+    scfg = stats_config()
+    ch = scfg["LANES"] * scfg["R"]
+    s = max(1, -(-vocab // ch))
+    counters = torch.zeros(2 * rows, dtype=torch.int32, device=x.device)
+    rowstat = _row_stats(x, k, counters[:rows])
+    surv = torch.empty((rows * s, ch), dtype=torch.int64, device=x.device)
+    nsurv = torch.empty(rows * s, dtype=torch.int32, device=x.device)
+    work = torch.empty((rows, cfg["KP"]), dtype=torch.int64, device=x.device)
+    _filter_kernel[(rows, s)](x, x.stride(0), vocab, k, rowstat, surv, nsurv, counters[rows:], work,
+                              tokens, scores, k, S=s, SP=next_pow2(s), CH=ch, KP=cfg["KP"], M=cfg["M"],
+                              num_warps=16 if cfg["KP"] >= 1024 else 8)
     return tokens, scores
 
 
@@ -293,12 +392,15 @@ def pair_tables(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.T
         plen.append(len(pi))
     bp = max(2, next_pow2(budget))
     plen.extend([len(pi)] * (bp + 1 - len(plen)))
-    as_t = lambda xs: torch.tensor(xs or [0], dtype=torch.int32, device=device)  # noqa: E731
+    pad = min(1024, max(16, next_pow2(len(pi)))) - len(pi)      # whole first chunk (CB) readable
+    pi.extend([0] * max(0, pad))
+    pr.extend([0] * max(0, pad))
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int32, device=device)  # noqa: E731
     return as_t(pi), as_t(pr), as_t(plen)
 
 
 def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: torch.Tensor,
-                 depth_limit: int | None = None) -> dict[str, torch.Tensor]:
+                 num_warps: int | None = None) -> dict[str, torch.Tensor]:
     """Tree nodes 0..B (0 = root) from the [L, K] top-k table: tokens, parents, depths, ranks,
     valid; invalid slots (fewer than B prefixes exist) come last with parent -1."""
     depth, k = int(scores.shape[0]), int(scores.shape[1])
@@ -317,20 +419,25 @@ def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: 
     gmeta = torch.empty(8 * bp, dtype=torch.int32, device=dev)
     beam = torch.empty(bp, dtype=torch.int64, device=dev)
     node_of = torch.empty((depth + 1) * bp, dtype=torch.int32, device=dev)
+    np_ = next_pow2(n)
+    anc = torch.empty((np_, depth + 1), dtype=torch.int32, device=dev)
     cb = min(1024, max(16, next_pow2(cp)))
     _select_kernel[(1,)](scores, tokens, k, pi, pr, plen, root.view(-1)[:1].to(torch.int64),
                          out["tokens"], out["parents"], out["depths"], out["ranks"], valid,
-                         surv, gkey, gsc, gmeta, beam, node_of,
-                         depth, k, budget, BP=bp, CB=cb, num_warps=_warps(2 * bp))
+                         surv, gkey, gsc, gmeta, beam, node_of, anc,
+                         depth, k, budget, BP=bp, CB=cb, NP=np_, num_warps=num_warps or _warps(2 * bp))
     out["valid"] = valid.view(torch.bool)
+    out["ancestors"] = anc
     return out
 
 
-def visibility(parents: torch.Tensor, max_depth: int) -> torch.Tensor:
-    """vis[i, j]: j is i or an ancestor of i ([N] parents, root -1)."""
-    n = int(parents.shape[0])
-    vis = torch.empty((n, n), dtype=torch.int8, device=parents.device)
+def visibility(nodes: dict[str, torch.Tensor]) -> torch.Tensor:
+    """vis[i, j]: j is i or an ancestor of i, from `select_nodes`' ancestor table and depths."""
+    depths = nodes["depths"]
+    n = int(depths.shape[0])
+    max_depth = int(nodes["ancestors"].shape[1]) - 1
+    vis = torch.empty((n, n), dtype=torch.int8, device=depths.device)
     bi, bj = 32, 128
-    _visibility_kernel[(triton.cdiv(n, bi), triton.cdiv(n, bj))](parents.contiguous(), vis, n, max_depth,
+    _visibility_kernel[(triton.cdiv(n, bi), triton.cdiv(n, bj))](nodes["ancestors"], depths, vis, n, max_depth,
                                                                   BI=bi, BJ=bj, num_warps=4)
     return vis.view(torch.bool)

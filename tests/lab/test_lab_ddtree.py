@@ -75,7 +75,10 @@ def deploy(h: Any, mode: str, overrides: list[str] | None = None) -> str:
 @pytest.fixture()
 def ct129(lab: Any) -> Iterator[Any]:
     def clean(h: Any) -> None:
-        h.run([PIP, "uninstall", "-y", "--quiet", "labplug_plain", "labplug_family"], timeout=120)
+        # A deploy test run earlier may have installed the real engine plugin (dist `ddtree-ops`):
+        # these cases need a venv whose only DDTREE registrations are their own.
+        h.run([PIP, "uninstall", "-y", "--quiet", "labplug_plain", "labplug_family", "ddtree-ops"],
+              timeout=120)
         h.run(["rm", "-rf", "/models/Qwen3-8B-DFlash-nolayers"])
 
     with lab.connect("ct129") as h:

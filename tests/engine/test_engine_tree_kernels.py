@@ -1,0 +1,88 @@
+"""The Triton tree-build kernels give the heap's tree, run on the CPU by Triton's interpreter.
+
+The kernels are what the GPU path runs (CUDA graphs in `TreeBuilder(how="fused")`); the same
+source runs here under TRITON_INTERPRET=1, which Triton reads when a kernel is decorated, so the
+cases run in a child process that sets it before anything imports Triton. Timings on a GPU are
+in BENCHMARKS.md, not here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.engine
+
+CHILD = textwrap.dedent('''
+    import json, os, sys
+    assert os.environ["TRITON_INTERPRET"] == "1"
+    import torch
+    from ddtree_ops.engine import tree as T
+
+    results = []
+    for case in json.loads(sys.argv[1]):
+        g = torch.Generator().manual_seed(case["seed"])
+        logits = torch.randn(case["L"], case["V"], generator=g) * case["scale"]
+        if case["ties"]:
+            logits = logits.round()              # many exactly equal log-probs in every row
+        k = T.budget_topk(case["B"], case["V"])
+        ref = T.build_tree_heap(T.draft_topk(logits, k), case["B"], 7)
+        fused = T.build_tree_fused(logits, case["B"], 7)
+        top_ref, top_fused = T.draft_topk(logits, k), T.draft_topk_fused(logits, k)
+        builder = T.TreeBuilder(case["L"], case["V"], case["B"], "cpu", logits_dtype=torch.float32, how="fused")
+        builder.logits.copy_(logits)
+        builder.root_token.fill_(7)
+        builder._run()
+        n = ref.size
+        out = builder.out
+        results.append({
+            "case": case,
+            "topk_same": torch.equal(top_ref.tokens, top_fused.tokens) and torch.equal(top_ref.scores, top_fused.scores),
+            "tree_same": all(torch.equal(getattr(ref, f), getattr(fused, f)) for f in ("tokens", "parents", "depths", "ranks")),
+            "builder_same": torch.equal(out["tokens"][:n], ref.tokens) and torch.equal(out["parents"][:n], ref.parents),
+            "visibility_same": torch.equal(out["visibility"][:n, :n], ref.visibility()),
+            "nodes": n,
+            "stats_vs_torch": float((T.log_probs(logits) - torch.log_softmax(logits, -1)).abs().max()),
+        })
+    print(json.dumps(results))
+''')
+
+CASES = [
+    {"L": 1, "V": 5, "B": 1, "scale": 1.0, "ties": False, "seed": 1},
+    {"L": 3, "V": 40, "B": 8, "scale": 2.0, "ties": True, "seed": 2},
+    {"L": 4, "V": 300, "B": 24, "scale": 3.0, "ties": False, "seed": 3},
+    {"L": 5, "V": 1000, "B": 40, "scale": 1.0, "ties": True, "seed": 4},
+    {"L": 2, "V": 3, "B": 16, "scale": 1.0, "ties": False, "seed": 5},   # fewer prefixes than B: 3 + 9
+    {"L": 6, "V": 200, "B": 64, "scale": 0.1, "ties": False, "seed": 6},  # flat rows: wide trees
+]
+
+
+@pytest.fixture(scope="module")
+def results() -> list[dict]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASES)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("i", range(len(CASES)))
+def test_fused_kernels_build_the_heap_tree(results: list[dict], i: int) -> None:
+    r = results[i]
+    assert r["topk_same"], f"top-K kernel differs from torch.topk order on {r['case']}"
+    assert r["tree_same"], f"fused tree differs from the heap's on {r['case']}"
+    assert r["builder_same"] and r["visibility_same"], f"TreeBuilder(fused) differs on {r['case']}"
+
+
+def test_fused_log_softmax_matches_torch(results: list[dict]) -> None:
+    assert max(r["stats_vs_torch"] for r in results) < 1e-5
+
+
+def test_a_budget_larger_than_the_prefix_space_gives_every_prefix(results: list[dict]) -> None:
+    assert results[4]["nodes"] == 1 + 3 + 9
