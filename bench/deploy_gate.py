@@ -22,7 +22,6 @@ from pathlib import Path
 
 from ddtree_ops.deploy import deploy, rollback
 from ddtree_ops.host import HttpUnavailable
-from ddtree_ops.observe import unit_state
 from ddtree_ops.profile import load_profile
 from ddtree_ops.ssh import connect
 

@@ -17,7 +17,7 @@ from ddtree_ops import memory, remote
 from ddtree_ops.gpu import GpuSnapshot, snapshot
 from ddtree_ops.host import Host, Result
 from ddtree_ops.observe import read_files
-from ddtree_ops.profile import DDTreeShadowMode, DflashMode, NextnMode, Profile
+from ddtree_ops.profile import DDTreeShadowMode, DflashMode, Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import Rendered
 

@@ -236,19 +236,9 @@ class SSHHost:
     # ---------------------------------------------------------------- commands
 
     def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes, float]:
-        import paramiko
 
         t0 = time.monotonic()
-        transport = self._client.get_transport()
-        if transport is None or not transport.is_active():
-            raise HostUnreachable(f"{self.name}: SSH connection lost")
-        with self._lock:
-            self.round_trips += 1
-            self.sessions += 1
-        try:
-            chan = transport.open_session(timeout=timeout)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise HostUnreachable(f"{self.name}: SSH connection lost ({_reason(exc)})") from None
+        chan = self._open_session(timeout)
         chan.settimeout(timeout)
         out, err = bytearray(), bytearray()
         try:
@@ -269,7 +259,7 @@ class SSHHost:
                 else:
                     if time.monotonic() > deadline:
                         raise RemoteTimeout(f"{self.name}: command timed out after {timeout:g}s: {command[:120]}")
-                    if transport is None or not transport.is_active():
+                    if not chan.get_transport().is_active():
                         raise HostUnreachable(f"{self.name}: SSH connection lost while running {command[:80]}")
                     time.sleep(0.002)
             while chan.recv_ready():
@@ -315,6 +305,18 @@ class SSHHost:
     def stream(self, argv: Sequence[str], *, timeout: float = 30.0) -> _ChannelLines:
         import paramiko
 
+        chan = self._open_session(timeout)
+        try:
+            chan.exec_command(shlex.join(list(argv)))
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise HostUnreachable(f"{self.name}: SSH connection lost ({_reason(exc)})") from None
+        return _ChannelLines(self.name, chan)
+
+    def _open_session(self, timeout: float) -> Any:
+        """A new channel for one command; a dead transport is `HostUnreachable`, which callers
+        (deploy's reconnect-and-roll-back) treat differently from a failed command."""
+        import paramiko
+
         transport = self._client.get_transport()
         if transport is None or not transport.is_active():
             raise HostUnreachable(f"{self.name}: SSH connection lost")
@@ -322,11 +324,9 @@ class SSHHost:
             self.round_trips += 1
             self.sessions += 1
         try:
-            chan = transport.open_session(timeout=timeout)
-            chan.exec_command(shlex.join(list(argv)))
+            return transport.open_session(timeout=timeout)
         except (paramiko.SSHException, EOFError, OSError) as exc:
             raise HostUnreachable(f"{self.name}: SSH connection lost ({_reason(exc)})") from None
-        return _ChannelLines(self.name, chan)
 
     # ---------------------------------------------------------------- HTTP over the SSH connection
 

@@ -24,7 +24,6 @@ ProfilesOpt = typer.Option(None, "--profiles", metavar="DIR", envvar="DDTREE_OPS
 
 
 def load(host: str, overrides: Optional[list[str]] = None, profiles: Optional[str] = None) -> "Profile":
-    from pathlib import Path
 
     from ddtree_ops.profile import load_profile, profiles_dir
 

@@ -31,7 +31,6 @@ def deploy_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.
 
     Example: ddtree-ops deploy ct200 --mode ddtree-shadow --yes
     """
-    from ddtree_ops import output
     from ddtree_ops.cli._common import confirm, connect, interactive, load
     from ddtree_ops.deploy import deploy
 

@@ -682,12 +682,7 @@ class Scanner:
     def report(self) -> Report:
         findings = sorted([*self._findings, *self._pending_settled()], key=lambda f: (f.line, f.rule_id))
         root = choose_root(findings, self._tb.starts, self._defer)
-        if root is not None:
-            verdict = "failed"
-        elif any(f.severity == "warning" for f in findings):
-            verdict = "degraded"
-        else:
-            verdict = "healthy"
+        verdict = verdict_of(root, findings)
         accept = AcceptStats(low_reports=self._low_reports,
                              recent=tuple(self._recent), longest_one_streak=self._longest)
         return Report(verdict=verdict, root_cause=root, findings=findings, lines=self._line,
@@ -919,6 +914,13 @@ class Scanner:
 
 
 # ------------------------------------------------------------------ root cause
+
+
+def verdict_of(root: Finding | None, findings: list[Finding]) -> str:
+    """DESIGN.md's verdicts: a root cause fails the start; warnings alone degrade it."""
+    if root is not None:
+        return "failed"
+    return "degraded" if any(f.severity == "warning" for f in findings) else "healthy"
 
 
 def choose_root(findings: list[Finding], group_starts: dict[int, int] | None = None,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ddtree_ops import remote
-from ddtree_ops.diagnose.classify import Finding, Report, Scanner, choose_root
+from ddtree_ops.diagnose.classify import Finding, Report, Scanner, choose_root, verdict_of
 from ddtree_ops.gpu import Gpu, GpuApp, parse_smi_apps, parse_smi_gpus
 
 if TYPE_CHECKING:
@@ -354,13 +354,7 @@ class LiveDiagnosis:
                            evidence=f"Result={self.unit.result}", remedy="Read the journal of this start; no line names the cause.",
                            profile_key=None, direction=None, rule_id="unit_failed", role="consequence")
             findings.append(root)
-        if root is not None:
-            verdict = "failed"
-        elif any(f.severity == "warning" for f in findings):
-            verdict = "degraded"
-        else:
-            verdict = "healthy"
-        return replace(self.current, verdict=verdict, root_cause=root, findings=findings)
+        return replace(self.current, verdict=verdict_of(root, findings), root_cause=root, findings=findings)
 
     def to_json(self) -> dict[str, Any]:
         return {

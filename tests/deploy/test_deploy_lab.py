@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_ops.deploy import deploy, rollback
+from ddtree_ops.deploy import deploy
 from ddtree_ops.host import HostKeyError, HostUnreachable, SudoPasswordRequired
 from ddtree_ops.observe import unit_state
 from ddtree_ops.profile import load_profile

@@ -11,7 +11,7 @@ import torch
 
 from ddtree_ops.engine.decoder import Decoder
 from ddtree_ops.engine.drafters import NGramDrafter, OracleDrafter, RandomDrafter
-from ddtree_ops.engine.verify import MultinomialSampler, PositionalSampler, SamplingParams, forward
+from ddtree_ops.engine.verify import MultinomialSampler, PositionalSampler, SamplingParams
 
 pytestmark = pytest.mark.engine
 

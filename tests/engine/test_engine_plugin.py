@@ -14,7 +14,6 @@ import os
 import pathlib
 import subprocess
 import sys
-from types import SimpleNamespace
 from typing import Any
 
 import pytest

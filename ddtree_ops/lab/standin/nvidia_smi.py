@@ -188,7 +188,7 @@ def run(argv: list[str], card: simgpu.Card | None, holders: list[simgpu.Holder])
             return text, "", rc
     if not argv:
         return table(ctx), "", 0
-    return "", f"Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n", 2
+    return "", "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help.\n", 2
 
 
 def main(argv: list[str] | None = None) -> int:
