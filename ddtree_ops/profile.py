@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
@@ -297,12 +298,22 @@ def _apply_overrides(src: Sourced, overrides: list[str]) -> Sourced:
 # --------------------------------------------------------------------------- loading
 
 
+def shipped_dir(name: str) -> Path:
+    """`units` or `profiles` of the checkout, else the copy a wheel installs under
+    <prefix>/share/ddtree-ops (pyproject's data-files), so an installed tool works without one."""
+    checkout = Path(__file__).resolve().parent.parent / name
+    if checkout.is_dir():
+        return checkout
+    return Path(sys.prefix) / "share" / "ddtree-ops" / name
+
+
 def profiles_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """--profiles, then $DDTREE_OPS_PROFILES, then ./profiles, then the checkout's profiles/."""
-    for candidate in (explicit, os.environ.get("DDTREE_OPS_PROFILES"), "profiles"):
+    """--profiles, then $DDTREE_OPS_PROFILES, then ./profiles, then /etc/ddtree-ops/profiles, then
+    the profiles shipped with the tool (the lab's ct129 and ct200)."""
+    for candidate in (explicit, os.environ.get("DDTREE_OPS_PROFILES"), "profiles", "/etc/ddtree-ops/profiles"):
         if candidate and Path(candidate).is_dir():
             return Path(candidate)
-    return Path(__file__).resolve().parent.parent / "profiles"
+    return shipped_dir("profiles")
 
 
 def available_hosts(directory: Path | None = None) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ddtree_ops.errors import ProfileError
-from ddtree_ops.profile import DDTreeShadowMode, DflashMode, NextnMode, Profile
+from ddtree_ops.profile import DDTreeShadowMode, DflashMode, NextnMode, Profile, shipped_dir
 
 TEMPLATE = "sglang.service.tmpl"
 _PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
@@ -196,7 +196,7 @@ def template_dir() -> Path:
     env = os.environ.get("DDTREE_OPS_UNITS")
     if env and Path(env).is_dir():
         return Path(env)
-    return Path(__file__).resolve().parent.parent / "units"
+    return shipped_dir("units")
 
 
 def fill_template(template: str, values: Mapping[str, str]) -> str:
