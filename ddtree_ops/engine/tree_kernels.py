@@ -1,26 +1,30 @@
 """Triton kernels for the fused GPU tree build (imported lazily, only where Triton runs).
 
-Three kernels, one launch each, no host synchronisation (CUDA-graph safe):
+Four kernels, one launch each, no host synchronisation (CUDA-graph safe):
 
-1. `_topk_kernel`, one program per depth row: the exact top-K of the row's fp32 log-probs in
-   the canonical order of `tree.topk_logprobs` (log-prob descending, token id ascending; the
-   log-probs themselves come from the very `torch.log_softmax` call the reference makes, so
-   they are bit-identical). Pass 1 takes per-lane maxima over the row (LANES lanes); the K-th
-   largest lane maximum T0 is a real value with at least K elements >= T0, so every member of
-   the top-K is >= T0. Pass 2 compacts the survivors (x >= T0, ties included) as unique int64
-   keys (ordered float bits << 32 | ~id). Pass 3 sorts them (bitonic, in registers) and writes
-   the first K with their quantised scores. Survivors are usually 1.0-1.5 K; any number is
-   handled exactly by merging chunks of M - KP into the running top-KP.
+1. The exact top-K of each depth row's fp32 log-probs, in the canonical order of
+   `tree.topk_logprobs` (log-prob descending, token id ascending), in two kernels over (row,
+   chunk) programs. `_stats_kernel`: each chunk's max, sum of exp and per-lane maxima; the row's
+   last program (an atomic count) forms m and c (log-probs are (x - m) - c, the same bits that
+   `tree.log_probs` computes from this kernel's output) and T0, the K-th largest lane maximum:
+   a real log-prob with at least K log-probs >= it, so every top-K member is >= T0.
+   `_filter_kernel`: each chunk compacts its survivors (lp >= T0, ties included) as unique int64
+   keys (ordered float bits << 32 | ~id); the row's last program sorts them (bitonic, in
+   registers) and writes the first K with their quantised scores. Survivors are usually
+   1.0-1.5 K; any number is handled exactly by merging chunks of M - KP into the running top-KP.
 2. `_select_kernel`, one program per tree: the budget's nodes in the heap's pop order. Depth by
    depth it keeps G, the best B nodes found so far in the global total order (score desc, depth
    asc, parent position, rank). A depth-(d+1) candidate (beam position i, rank r) can only enter
    the final tree if its score is strictly above G's B-th score (that node is shallower, so it
    wins a tie, and the final threshold can only rise), so candidates are generated from the
    staircase pair table ((i+1)(r+1) <= B), filtered by that threshold, compacted, and merged
-   into G by sorting [G | chunk] (2 * BP keys). The depth's new nodes, in order, are the next
-   beam. At the end G, in order, is the node list; parents are mapped through a (depth, beam
-   position) -> node table.
-3. `_visibility_kernel`: vis[i, j] = j is i or an ancestor of i, by walking parents up.
+   into G (kept sorted in registers) BP at a time: the chunk is sorted ascending, the top BP of
+   both is max(G, chunk), a bitonic sequence, and log2(BP) compare-exchange steps sort it. A
+   node's key in G carries its id (ids given in (depth, beam position) order), so it never
+   changes and per-node data is written once, by id. The depth's new nodes, in order, are the
+   next beam. At the end G, in order, is the node list; parents are mapped through a (depth,
+   beam position) -> node table.
+4. `_visibility_kernel`: vis[i, j] = j is i or an ancestor of i, by walking parents up.
 
 Keys are int64 and unique, so bitonic sorts (unstable) give exactly one answer.
 """
@@ -35,6 +39,7 @@ import triton
 import triton.language as tl
 
 _MINK = tl.constexpr(-(2 ** 63))     # below every key: padding
+_MAXK = tl.constexpr(2 ** 63 - 1)
 _TIE = tl.constexpr(1 << 23)         # selection keys: score * 2**23 + tie bits
 _HALF = tl.constexpr(1 << 22)        # tie bits >= HALF: an entry of G (old position); below: a candidate (i * K + r)
 
@@ -106,6 +111,28 @@ def _stats_kernel(X, stride_x, V, K, LANEMAX, MSTAT, SSTAT, CNT, ROWSTAT,
 
 
 @triton.jit
+def _xor_combine(a, b):
+    return a ^ b
+
+
+@triton.jit
+def _cas_desc(x, N: tl.constexpr, W: tl.constexpr):
+    """Compare-exchange of x[n] and x[n ^ W], the larger to the lower index."""
+    y = tl.reshape(x, [N // (2 * W), 2, W])
+    p = y ^ tl.reduce(y, 1, _xor_combine, keep_dims=True)     # the partner W away
+    right = tl.arange(0, 2)[None, :, None] == 1
+    return tl.reshape(tl.where(right, tl.minimum(y, p), tl.maximum(y, p)), [N])
+
+
+@triton.jit
+def _merge_desc(x, N: tl.constexpr, LOGN: tl.constexpr):
+    """A bitonic sequence of N = 2**LOGN int64 keys, sorted descending (LOGN compare-exchange steps)."""
+    for t in tl.static_range(LOGN):
+        x = _cas_desc(x, N, N >> (t + 1))
+    return x
+
+
+@triton.jit
 def _gather_survivors(SURV, row, S: tl.constexpr, CH: tl.constexpr, src, ends, starts, total, oc):
     """Keys number `src` (< 0: none) of the row's survivors, numbered across the chunks' segments."""
     which = tl.sum((src[:, None] >= ends[None, :]).to(tl.int32), axis=1)
@@ -166,30 +193,36 @@ def _filter_kernel(X, stride_x, V, K, ROWSTAT, SURV, NSURV, CNT, WORK, TOK, SC, 
 @triton.jit
 def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                    OUT_TOK, OUT_PAR, OUT_DEP, OUT_RANK, OUT_VALID,
-                   SURV, GKEY, GSC, GMETA, BEAM, NODE_OF, ANC,
+                   SURV, META, BEAM, NODE_OF, ANC,
                    L, K, B,
-                   BP: tl.constexpr, CB: tl.constexpr, NP: tl.constexpr):
+                   BP: tl.constexpr, LOGBP: tl.constexpr, CB: tl.constexpr, NP: tl.constexpr):
     ob = tl.arange(0, BP)
-    om = tl.arange(0, 2 * BP)
     oc = tl.arange(0, CB)
     pi0 = tl.load(PI + oc)          # the first chunk of the pair table: loaded once
     pr0 = tl.load(PR + oc)
     neg = -(2 ** 62)
+    nmax = L * BP                   # node ids < L * B: META is [4, L * BP] (depth, position, parent position, rank)
     tl.store(BEAM + ob, tl.where(ob == 0, 0, neg).to(tl.int64))
-    ng = 0          # nodes in G
+    # G: the best B nodes so far, keys sorted descending, in registers. A node's key is
+    # score * 2**23 + HALF + (HALF - 1 - id), ids given in (depth, position) order, so equal
+    # scores order exactly as (depth, parent position, rank); the key never changes.
+    G = tl.full([BP], _MINK, tl.int64)
+    bs = tl.where(ob == 0, 0, neg).to(tl.int64)
+    o2 = tl.arange(0, 2 * BP)
+    plen = tl.load(PLEN + o2, mask=o2 <= BP, other=0)
     nb = 1          # beam entries at the current depth (the root)
-    cur = 0         # which half of GSC / GMETA holds G
+    base = 0        # node ids given so far
     tl.debug_barrier()
     for d in range(0, L):
         if nb > 0:
             srow = S + d * stride_st
-            gs_last = tl.load(GSC + cur * BP + (B - 1))
-            tau = tl.where(ng == B, gs_last, neg)
+            gmin = tl.min(tl.where(ob < B, G, _MAXK), axis=0)       # G's B-th key (MINK: not full)
+            tau = gmin >> 23
             # beam positions that can still produce a survivor: beam[i] + S[d, 0] > tau
-            bsc = tl.load(BEAM + ob, mask=ob < nb, other=neg)
+            # (bs: the beam's scores where its nodes sit in G, neg elsewhere; from registers)
             s0 = tl.load(srow)
-            nbe = tl.sum(((ob < nb) & (bsc + s0 > tau)).to(tl.int32), axis=0)
-            npairs = tl.load(PLEN + nbe)
+            nbe = tl.sum(((bs != neg) & (bs + s0 > tau)).to(tl.int32), axis=0)
+            npairs = tl.sum(tl.where(o2 == nbe, plen, 0), axis=0)
             ns = 0
             for c in range(0, npairs, CB):
                 o = c + oc
@@ -209,57 +242,38 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                     tl.store(SURV + pos, key, mask=m)
                     ns += cnt
             if ns > 0:
-                gsc = tl.load(GSC + cur * BP + ob, mask=ob < ng, other=0)
-                gk = tl.where(ob < ng, gsc * _TIE + _HALF + (_HALF - 1 - ob), _MINK)
-                tl.store(GKEY + ob, gk)
                 tl.debug_barrier()
                 for c in range(0, ns, BP):
-                    src = c + om - BP
-                    ptr = tl.where(om < BP, GKEY + om, SURV + src)
-                    k = tl.load(ptr, mask=(om < BP) | (src < ns), other=_MINK)
-                    k = tl.topk(k, BP)
-                    tl.debug_barrier()
-                    tl.store(GKEY + ob, k)
-                    tl.debug_barrier()
-                # the new G (first B), its new nodes in order = the next beam
-                k = tl.load(GKEY + ob)
-                valid = (ob < B) & (k != _MINK)
-                score = k >> 23
-                low = k & (_TIE - 1)
-                is_g = low >= _HALF
-                idx = (_HALF - 1) - (low & (_HALF - 1))
-                new = valid & (low < _HALF)
+                    src = c + ob
+                    k = tl.sort(tl.load(SURV + src, mask=src < ns, other=_MINK))     # ascending
+                    G = _merge_desc(tl.maximum(G, k), BP, LOGBP)                     # the top BP of both
+                G = tl.where(ob < B, G, _MINK)
+                # the depth's new nodes, in order = the next beam
+                low = G & (_TIE - 1)
+                new = (G != _MINK) & (low < _HALF)
                 j = tl.cumsum(new.to(tl.int32), axis=0) - 1
-                old = valid & is_g
-                gidx = idx.to(tl.int32)
-                mo = GMETA + cur * 4 * BP
-                o_dep = tl.load(mo + gidx, mask=old, other=0)
-                o_pos = tl.load(mo + BP + gidx, mask=old, other=0)
-                o_par = tl.load(mo + 2 * BP + gidx, mask=old, other=0)
-                o_rank = tl.load(mo + 3 * BP + gidx, mask=old, other=0)
-                pi = (idx // K).to(tl.int32)
-                pr = (idx % K).to(tl.int32)
-                nxt = 1 - cur
-                mn = GMETA + nxt * 4 * BP
-                tl.store(GSC + nxt * BP + ob, score, mask=valid)
-                tl.store(mn + ob, tl.where(is_g, o_dep, d + 1), mask=valid)
-                tl.store(mn + BP + ob, tl.where(is_g, o_pos, j), mask=valid)
-                tl.store(mn + 2 * BP + ob, tl.where(is_g, o_par, pi), mask=valid)
-                tl.store(mn + 3 * BP + ob, tl.where(is_g, o_rank, pr), mask=valid)
+                cidx = low ^ (_HALF - 1)       # i * K + r (HALF - 1 - low)
+                score = G >> 23
+                nid = base + j
+                tl.store(META + nid, (d + 1) + j * 0, mask=new)
+                tl.store(META + nmax + nid, j, mask=new)
+                tl.store(META + 2 * nmax + nid, (cidx // K).to(tl.int32), mask=new)
+                tl.store(META + 3 * nmax + nid, (cidx % K).to(tl.int32), mask=new)
                 tl.store(BEAM + j, score, mask=new)
-                ng = tl.sum(valid.to(tl.int32), axis=0)
+                G = tl.where(new, score * _TIE + _HALF + (_HALF - 1 - nid), G)
+                bs = tl.where(new, score, neg)
                 nb = tl.sum(new.to(tl.int32), axis=0)
-                cur = nxt
+                base += nb
                 tl.debug_barrier()
             else:
                 nb = 0
     # G, in order, is the node list: node g + 1
-    valid = ob < ng
-    mc = GMETA + cur * 4 * BP
-    dep = tl.load(mc + ob, mask=valid, other=0)
-    pos = tl.load(mc + BP + ob, mask=valid, other=0)
-    ppos = tl.load(mc + 2 * BP + ob, mask=valid, other=0)
-    rank = tl.load(mc + 3 * BP + ob, mask=valid, other=0)
+    valid = (ob < B) & (G != _MINK)
+    nid = ((G & (_HALF - 1)) ^ (_HALF - 1)).to(tl.int32)     # HALF - 1 - id
+    dep = tl.load(META + nid, mask=valid, other=0)
+    pos = tl.load(META + nmax + nid, mask=valid, other=0)
+    ppos = tl.load(META + 2 * nmax + nid, mask=valid, other=0)
+    rank = tl.load(META + 3 * nmax + nid, mask=valid, other=0)
     tl.store(NODE_OF + dep * BP + pos, ob + 1, mask=valid)
     tl.debug_barrier()
     deep = valid & (dep > 1)
@@ -414,9 +428,7 @@ def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: 
     valid = torch.empty(n, dtype=torch.int8, device=dev)
     cp = int(pi.shape[0])
     surv = torch.empty(max(cp, 1), dtype=torch.int64, device=dev)
-    gkey = torch.empty(2 * bp, dtype=torch.int64, device=dev)
-    gsc = torch.empty(2 * bp, dtype=torch.int64, device=dev)
-    gmeta = torch.empty(8 * bp, dtype=torch.int32, device=dev)
+    meta = torch.empty(4 * depth * bp, dtype=torch.int32, device=dev)
     beam = torch.empty(bp, dtype=torch.int64, device=dev)
     node_of = torch.empty((depth + 1) * bp, dtype=torch.int32, device=dev)
     np_ = next_pow2(n)
@@ -424,8 +436,8 @@ def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: 
     cb = min(1024, max(16, next_pow2(cp)))
     _select_kernel[(1,)](scores, tokens, k, pi, pr, plen, root.view(-1)[:1].to(torch.int64),
                          out["tokens"], out["parents"], out["depths"], out["ranks"], valid,
-                         surv, gkey, gsc, gmeta, beam, node_of, anc,
-                         depth, k, budget, BP=bp, CB=cb, NP=np_, num_warps=num_warps or _warps(2 * bp))
+                         surv, meta, beam, node_of, anc,
+                         depth, k, budget, BP=bp, LOGBP=bp.bit_length() - 1, CB=cb, NP=np_, num_warps=num_warps or _warps(2 * bp))
     out["valid"] = valid.view(torch.bool)
     out["ancestors"] = anc
     return out
