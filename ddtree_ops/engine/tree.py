@@ -380,6 +380,8 @@ class TreeBuilder:
         self.device = torch.device(device)
         self.logits = torch.zeros((depth, vocab), dtype=logits_dtype, device=self.device)
         self.root_token = torch.zeros((), dtype=torch.int64, device=self.device)
+        # the fused top-K's completion counters: zeroed once here, left zero by every build
+        self.counters = torch.zeros(2 * depth, dtype=torch.int32, device=self.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict[str, torch.Tensor] = {}
 
@@ -387,7 +389,7 @@ class TreeBuilder:
         if self.how == "fused":
             from ddtree_ops.engine import tree_kernels
 
-            tokens, scores = tree_kernels.topk_rows(self.logits, self.k)
+            tokens, scores = tree_kernels.topk_rows(self.logits, self.k, self.counters)
             nodes = tree_kernels.select_nodes(scores, tokens, self.budget, self.root_token)
             nodes["visibility"] = tree_kernels.visibility(nodes)
             self.out = nodes

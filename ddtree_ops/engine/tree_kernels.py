@@ -19,7 +19,9 @@ Four kernels, one launch each, no host synchronisation (CUDA-graph safe):
    wins a tie, and the final threshold can only rise), so candidates are generated from the
    staircase pair table ((i+1)(r+1) <= B), filtered by that threshold, compacted, and merged
    into G (kept sorted in registers) BP at a time: the chunk is sorted ascending, the top BP of
-   both is max(G, chunk), a bitonic sequence, and log2(BP) compare-exchange steps sort it. A
+   both is max(G, chunk), a bitonic sequence, and log2(BP) compare-exchange steps sort it. When
+   at most 32, 64 or 128 survive (the usual case), they are sorted at that width and placed
+   last in a row of padding before the merge (`_merge_narrow`). A
    node's key in G carries its id (ids given in (depth, beam position) order), so it never
    changes and per-node data is written once, by id. The depth's new nodes, in order, are the
    next beam. At the end G, in order, is the node list; parents are mapped through a (depth,
@@ -94,10 +96,16 @@ def _stats_kernel(X, stride_x, V, K, LANEMAX, MSTAT, SSTAT, CNT, ROWSTAT,
         # t0 (K is a runtime value: one compiled kernel for every budget and for the
         # reference's log-probs, so m and c are the same bits whoever asks)
         best = tl.full([LANES], float("-inf"), tl.float32)
-        for j in range(0, S):
-            lmj = tl.load(LANEMAX + (row * S + j).to(tl.int64) * LANES + lanes, cache_modifier=".cg")
-            best = tl.maximum(best, lmj)
-        if K <= LANES // 2:
+        o4 = tl.arange(0, 4)
+        for j0 in tl.static_range(0, S, 4):      # 4 rows per load, unrolled: the loads overlap
+            jj = j0 + o4
+            lmj = tl.load(LANEMAX + (row * S + jj).to(tl.int64)[:, None] * LANES + lanes[None, :],
+                          mask=(jj < S)[:, None], other=float("-inf"), cache_modifier=".cg")
+            best = tl.maximum(best, tl.max(lmj, axis=0))
+        if K <= LANES // 8:
+            top_c = tl.topk(best, LANES // 8)
+            xk = tl.max(tl.where(tl.arange(0, LANES // 8) == K - 1, top_c, float("-inf")), axis=0)
+        elif K <= LANES // 2:
             top_a = tl.topk(best, LANES // 2)
             xk = tl.max(tl.where(tl.arange(0, LANES // 2) == K - 1, top_a, float("-inf")), axis=0)
         else:
@@ -191,11 +199,24 @@ def _filter_kernel(X, stride_x, V, K, ROWSTAT, SURV, NSURV, CNT, WORK, TOK, SC, 
 
 
 @triton.jit
+def _merge_narrow(G, SURV, ns, BP: tl.constexpr, LOGBP: tl.constexpr, W: tl.constexpr):
+    """G (BP keys, descending) merged with the ns <= W keys SURV[0:ns]: they are sorted ascending
+    at width W and placed last in a BP-wide row of MINK (W == BP: as is), then merged as usual."""
+    ow = tl.arange(0, W)
+    k = tl.sort(tl.load(SURV + ow, mask=ow < ns, other=_MINK))     # ascending
+    if W < BP:
+        rows = tl.arange(0, BP // W)[:, None]
+        k = tl.reshape(tl.where(rows == BP // W - 1, k[None, :], _MINK), [BP])
+    return _merge_desc(tl.maximum(G, k), BP, LOGBP)
+
+
+@triton.jit
 def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                    OUT_TOK, OUT_PAR, OUT_DEP, OUT_RANK, OUT_VALID,
                    SURV, META, BEAM, NODE_OF, ANC,
                    L, K, B,
-                   BP: tl.constexpr, LOGBP: tl.constexpr, CB: tl.constexpr, NP: tl.constexpr):
+                   BP: tl.constexpr, LOGBP: tl.constexpr, CB: tl.constexpr, NP: tl.constexpr,
+                   W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr):
     ob = tl.arange(0, BP)
     oc = tl.arange(0, CB)
     pi0 = tl.load(PI + oc)          # the first chunk of the pair table: loaded once
@@ -243,10 +264,18 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                     ns += cnt
             if ns > 0:
                 tl.debug_barrier()
-                for c in range(0, ns, BP):
-                    src = c + ob
-                    k = tl.sort(tl.load(SURV + src, mask=src < ns, other=_MINK))     # ascending
-                    G = _merge_desc(tl.maximum(G, k), BP, LOGBP)                     # the top BP of both
+                # few survivors (the usual case): sort them at a narrower width, then merge
+                if ns <= W1:
+                    G = _merge_narrow(G, SURV, ns, BP, LOGBP, W1)
+                elif ns <= W2:
+                    G = _merge_narrow(G, SURV, ns, BP, LOGBP, W2)
+                elif ns <= W3:
+                    G = _merge_narrow(G, SURV, ns, BP, LOGBP, W3)
+                else:
+                    for c in range(0, ns, BP):
+                        src = c + ob
+                        k = tl.sort(tl.load(SURV + src, mask=src < ns, other=_MINK))     # ascending
+                        G = _merge_desc(tl.maximum(G, k), BP, LOGBP)                     # the top BP of both
                 G = tl.where(ob < B, G, _MINK)
                 # the depth's new nodes, in order = the next beam
                 low = G & (_TIE - 1)
@@ -370,9 +399,13 @@ def log_softmax_stats(x: torch.Tensor) -> torch.Tensor:
     return _row_stats(x, 0, torch.zeros(int(x.shape[0]), dtype=torch.int32, device=x.device))
 
 
-def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the log-probs of each row of logits [L, V] (any float dtype), in (log-prob desc,
-    id asc), log-probs as in `log_softmax_stats`: (tokens, quantised scores), both int64 [L, k]."""
+    id asc), log-probs as in `log_softmax_stats`: (tokens, quantised scores), both int64 [L, k].
+
+    `counters`: int32 [2 L] zeros that the caller keeps (a graph-captured builder); the kernels
+    leave them zero again, so a replay needs no memset node. Builds that share one buffer must
+    not run concurrently."""
     rows, vocab = int(x.shape[0]), int(x.shape[1])
     x = x.contiguous()
     tokens = torch.empty((rows, k), dtype=torch.int64, device=x.device)
@@ -383,7 +416,8 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     scfg = stats_config()
     ch = scfg["LANES"] * scfg["R"]
     s = max(1, -(-vocab // ch))
-    counters = torch.zeros(2 * rows, dtype=torch.int32, device=x.device)
+    if counters is None:
+        counters = torch.zeros(2 * rows, dtype=torch.int32, device=x.device)
     rowstat = _row_stats(x, k, counters[:rows])
     surv = torch.empty((rows * s, ch), dtype=torch.int64, device=x.device)
     nsurv = torch.empty(rows * s, dtype=torch.int32, device=x.device)
@@ -437,7 +471,8 @@ def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: 
     _select_kernel[(1,)](scores, tokens, k, pi, pr, plen, root.view(-1)[:1].to(torch.int64),
                          out["tokens"], out["parents"], out["depths"], out["ranks"], valid,
                          surv, meta, beam, node_of, anc,
-                         depth, k, budget, BP=bp, LOGBP=bp.bit_length() - 1, CB=cb, NP=np_, num_warps=num_warps or _warps(2 * bp))
+                         depth, k, budget, BP=bp, LOGBP=bp.bit_length() - 1, CB=cb, NP=np_,
+                         W1=min(bp, 32), W2=min(bp, 64), W3=min(bp, 128), num_warps=num_warps or _warps(2 * bp))
     out["valid"] = valid.view(torch.bool)
     out["ancestors"] = anc
     return out
