@@ -41,26 +41,33 @@ def _record_hash(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
+def pack(dist: str, name: str, version: str, files: list[tuple[str, bytes]], entry_points: str,
+         summary: str = "") -> Wheel:
+    """A pure-Python wheel of `files` (archive path, bytes) with its dist-info: reproducible
+    (fixed timestamps) and installable by `pip install --no-deps`."""
+    info = f"{dist}-{version}.dist-info"
+    top = sorted({path.split("/", 1)[0].removesuffix(".py") for path, _ in files})
+    meta = {
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\nSummary: {summary}\n".encode(),
+        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: ddtree-ops\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        f"{info}/entry_points.txt": entry_points.encode(),
+        f"{info}/top_level.txt": "".join(f"{t}\n" for t in top).encode(),
+    }
+    buf = io.BytesIO()
+    record = []
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for path, data in [*files, *meta.items()]:
+            zf.writestr(zipfile.ZipInfo(path, date_time=(2020, 1, 1, 0, 0, 0)), data)
+            record.append(f"{path},{_record_hash(data)},{len(data)}")
+        record.append(f"{info}/RECORD,,")
+        zf.writestr(zipfile.ZipInfo(f"{info}/RECORD", date_time=(2020, 1, 1, 0, 0, 0)), "\n".join(record) + "\n")
+    return Wheel(f"{dist}-{version}-py3-none-any.whl", version, buf.getvalue())
+
+
 def build() -> Wheel:
     files = _files()
     digest = hashlib.sha256()
     for name, data in files:
         digest.update(name.encode() + b"\0" + data + b"\0")
     version = f"{__version__}+g{digest.hexdigest()[:10]}"
-    info = f"{DIST}-{version}.dist-info"
-    meta = {
-        f"{info}/METADATA": (f"Metadata-Version: 2.1\nName: ddtree-ops\nVersion: {version}\n"
-                             "Summary: ddtree-ops (DDTree engine SGLang plugin)\n").encode(),
-        f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: ddtree-ops\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-        f"{info}/entry_points.txt": ENTRY_POINTS.encode(),
-        f"{info}/top_level.txt": f"{DIST}\n".encode(),
-    }
-    buf = io.BytesIO()
-    record = []
-    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in [*files, *meta.items()]:
-            zf.writestr(zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0)), data)
-            record.append(f"{name},{_record_hash(data)},{len(data)}")
-        record.append(f"{info}/RECORD,,")
-        zf.writestr(zipfile.ZipInfo(f"{info}/RECORD", date_time=(2020, 1, 1, 0, 0, 0)), "\n".join(record) + "\n")
-    return Wheel(f"{DIST}-{version}-py3-none-any.whl", version, buf.getvalue())
+    return pack(DIST, "ddtree-ops", version, files, ENTRY_POINTS, "ddtree-ops (DDTree engine SGLang plugin)")

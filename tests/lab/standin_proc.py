@@ -20,7 +20,6 @@ A6000 = {"index": 0, "name": "NVIDIA RTX A6000", "uuid": "GPU-test", "memory_mib
          "driver_version": "570.172.08"}
 LAUNCH = "import sys; from ddtree_ops.lab.standin.server import main; sys.exit(main(sys.argv[1:]))"
 PLUGIN = '''
-import os
 from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
@@ -31,12 +30,17 @@ class DFlashFamily(CustomSpecAlgo):
 
 
 def register():
-    kw = {"spec_class": DFlashFamily} if os.environ.get("LABPLUG_FAMILY") == "1" else {}
+    kw = {"spec_class": DFlashFamily} if FAMILY else {}
 
     @SpeculativeAlgorithm.register("DDTREE", **kw)
     def _factory(server_args):
         return object
 '''
+
+
+def plugin_source(family: bool) -> str:
+    """A throwaway SGLang plugin that registers DDTREE, DFlash-family or not."""
+    return f"FAMILY = {family}\n{PLUGIN}"
 
 
 def free_port() -> int:
@@ -114,10 +118,10 @@ def start(tmp: Path, argv: list[str], *, faults: tuple[str, ...] = (), plugin: s
     if plugin is not None:
         pdir = tmp / "plugin"
         (pdir / "labplug-0.1.dist-info").mkdir(parents=True, exist_ok=True)
-        (pdir / "labplug.py").write_text(PLUGIN)
+        (pdir / "labplug.py").write_text(plugin_source(plugin == "family"))
         (pdir / "labplug-0.1.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: labplug\nVersion: 0.1\n")
         (pdir / "labplug-0.1.dist-info" / "entry_points.txt").write_text("[sglang.srt.plugins]\nlabtest = labplug:register\n")
-        e.update({"PYTHONPATH": str(pdir), "SGLANG_PLUGINS": "labtest", "LABPLUG_FAMILY": "1" if plugin == "family" else "0"})
+        e.update({"PYTHONPATH": str(pdir), "SGLANG_PLUGINS": "labtest"})
     e.update(env or {})
     out = open(tmp / "out.log", "w")
     proc = subprocess.Popen([sys.executable, "-c", LAUNCH, *argv], stdout=out, stderr=subprocess.STDOUT, env=e,

@@ -5,57 +5,25 @@ real engine plugin, installed the way a deploy installs a wheel (`pip install --
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import io
 import json
-import zipfile
 from typing import Any, Iterator
 
 import pytest
 
 from ddtree_ops.profile import load_profile
 from ddtree_ops.render import render
+from ddtree_ops.wheel import pack
 from labkit import PORT, generate, restart, show, wait_for, wait_journal
+from standin_proc import plugin_source
 
 pytestmark = pytest.mark.lab
 PIP = "/opt/sglang/venv/bin/pip"
-PLUGIN = '''
-from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-from sglang.srt.speculative.spec_registry import CustomSpecAlgo
-
-
-class Family(CustomSpecAlgo):
-    def is_dflash_family(self):
-        return True
-
-
-def register():
-    kw = {"spec_class": Family} if FAMILY else {}
-
-    @SpeculativeAlgorithm.register("DDTREE", **kw)
-    def _factory(server_args):
-        return object
-'''
 
 
 def wheel(name: str, family: bool) -> bytes:
-    """A minimal real wheel whose entry point `ddtree` in group sglang.srt.plugins registers DDTREE."""
-    files = {f"{name}.py": f"FAMILY = {family}\n{PLUGIN}",
-             f"{name}-0.1.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n",
-             f"{name}-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: lab-test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-             f"{name}-0.1.dist-info/entry_points.txt": f"[sglang.srt.plugins]\nddtree = {name}:register\n"}
-    record = []
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for path, text in files.items():
-            data = text.encode()
-            z.writestr(path, data)
-            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-            record.append(f"{path},sha256={digest},{len(data)}")
-        record.append(f"{name}-0.1.dist-info/RECORD,,")
-        z.writestr(f"{name}-0.1.dist-info/RECORD", "\n".join(record) + "\n")
-    return buf.getvalue()
+    """A real wheel whose entry point `ddtree` in group sglang.srt.plugins registers DDTREE."""
+    return pack(name, name, "0.1", [(f"{name}.py", plugin_source(family).encode())],
+                f"[sglang.srt.plugins]\nddtree = {name}:register\n").data
 
 
 def install(h: Any, name: str, family: bool) -> None:
