@@ -20,6 +20,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import psutil
+
 from ddtree_ops.lab import _sys, payload, tree
 from ddtree_ops.lab._sys import LabError
 from ddtree_ops.lab.paths import Paths
@@ -134,42 +136,26 @@ def write_ssh_files(paths: Paths, states: Sequence[HostState]) -> None:
 
 
 def _alive(pid: int | None) -> bool:
+    """Running and not a zombie (an exited container leaves one until reaped)."""
     if not pid:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _children(pid: int) -> list[int]:
-    out = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
-            out += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass
-    return out
 
 
 def descendants(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        for c in _children(todo.pop()):
-            seen.append(c)
-            todo.append(c)
-    return seen
+    try:
+        return [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return []
 
 
 def _comm(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
+        return psutil.Process(pid).name()
+    except psutil.NoSuchProcess:
         return ""
 
 
@@ -304,13 +290,10 @@ def stray_nspawns(paths: Paths) -> list[int]:
     """nspawn processes booted from this lab's run directory (for a lab whose state file is gone)."""
     marker = str(paths.run) + "/"
     out = []
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if cmd and cmd[0].endswith(b"systemd-nspawn") and any(a.decode(errors="replace").startswith(marker) for a in cmd):
-            out.append(int(d.name))
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        if cmd and cmd[0].endswith("systemd-nspawn") and any(a.startswith(marker) for a in cmd):
+            out.append(proc.pid)
     return out
 
 
@@ -321,11 +304,9 @@ def memory_of(nspawn_pid: int | None) -> dict[str, int]:
         return {"rss": 0, "pss": 0}
     for pid in [nspawn_pid or 0, *descendants(nspawn_pid or 0)]:
         try:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Rss:"):
-                    rss += int(line.split()[1]) * 1024
-                elif line.startswith("Pss:"):
-                    pss += int(line.split()[1]) * 1024
-        except OSError:
-            pass
+            mem = psutil.Process(pid).memory_full_info()      # PSS from smaps_rollup
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        rss += mem.rss
+        pss += mem.pss
     return {"rss": rss, "pss": pss}
