@@ -215,9 +215,9 @@ def build_tree_heap(top: DraftTopK, budget: int, root_token: int) -> Tree:
 # the vectorised build (device, static shapes, no host sync)
 
 
-@lru_cache(maxsize=64)
-def _pair_table(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Candidate (beam position i, rank r) pairs that can still be in a depth's top B.
+def staircase_pairs(budget: int, k: int) -> tuple[list[int], list[int]]:
+    """Candidate (beam position i, rank r) pairs that can still be in a depth's top B, ordered
+    by i then r.
 
     With the beam sorted best first and ranks sorted best first, every (j, s) with j <= i and
     s <= r comes no later than (i, r); so (i + 1) * (r + 1) > B means B others precede it.
@@ -226,10 +226,14 @@ def _pair_table(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.T
     pos, rank = [], []
     for i in range(budget):
         width = min(k, budget // (i + 1))
-        if width == 0:
-            break
         pos.extend([i] * width)
         rank.extend(range(width))
+    return pos, rank
+
+
+@lru_cache(maxsize=64)
+def _pair_table(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    pos, rank = staircase_pairs(budget, k)
     pi = torch.tensor(pos, dtype=torch.int64, device=device)
     pr = torch.tensor(rank, dtype=torch.int64, device=device)
     low = _LOW_MASK - (pi * k + pr)       # earlier parent, then better rank, wins a tie

@@ -33,6 +33,7 @@ Keys are int64 and unique, so bitonic sorts (unstable) give exactly one answer.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import os
 
@@ -316,7 +317,8 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
     tl.store(OUT_DEP + out, dep.to(tl.int64), mask=mo)
     tl.store(OUT_RANK + out, rank.to(tl.int64), mask=mo)
     tl.store(OUT_VALID + out, valid.to(tl.int8), mask=mo)
-    # ancestors: ANC[n, t] = the t-th ancestor of node n (t = 0: n itself), -1 above the root
+    # ancestors: ANC[n, t] = the t-th ancestor of node n (t = 0: n itself), -1 above the root;
+    # the root's parent (-1) is written here, before the walk reads it
     tl.store(OUT_PAR + ob * 0, tl.full([BP], -1, tl.int64), mask=ob == 0)
     tl.debug_barrier()
     on = tl.arange(0, NP)
@@ -329,7 +331,6 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
     first = ob == 0
     root = tl.load(ROOT + ob * 0, mask=first, other=0)
     tl.store(OUT_TOK + ob, root, mask=first)
-    tl.store(OUT_PAR + ob, tl.full([BP], -1, tl.int64), mask=first)
     tl.store(OUT_DEP + ob, tl.zeros([BP], tl.int64), mask=first)
     tl.store(OUT_RANK + ob, tl.zeros([BP], tl.int64), mask=first)
     tl.store(OUT_VALID + ob, tl.full([BP], 1, tl.int8), mask=first)
@@ -430,16 +431,13 @@ def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None) -> 
 
 @functools.lru_cache(maxsize=64)
 def pair_tables(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The staircase pairs (i, r) with (i + 1)(r + 1) <= B, r < K, ordered by i; PLEN[n] is the
-    number of pairs with i < n (n = 0..BP)."""
-    pi, pr, plen = [], [], [0]
-    for i in range(budget):
-        width = min(k, budget // (i + 1))
-        pi.extend([i] * width)
-        pr.extend(range(width))
-        plen.append(len(pi))
+    """`tree.staircase_pairs` as int32 tables; PLEN[n] is the number of pairs with i < n
+    (n = 0..BP)."""
+    from ddtree_ops.engine.tree import staircase_pairs
+
+    pi, pr = staircase_pairs(budget, k)
     bp = max(2, next_pow2(budget))
-    plen.extend([len(pi)] * (bp + 1 - len(plen)))
+    plen = [bisect.bisect_left(pi, n) for n in range(bp + 1)]
     pad = min(1024, max(16, next_pow2(len(pi)))) - len(pi)      # whole first chunk (CB) readable
     pi.extend([0] * max(0, pad))
     pr.extend([0] * max(0, pad))
