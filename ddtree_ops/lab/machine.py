@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -42,6 +43,7 @@ class HostState:
     nspawn_pid: int | None = None
     mounted: bool = False
     netns_made: bool = False
+    cgroups: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -101,10 +103,72 @@ def overlay_argv(paths: Paths, h: HostState) -> list[str]:
 
 
 def nspawn_argv(h: HostState) -> list[str]:
-    # --register=no --keep-unit: there is no systemd/machined on this machine to register with
-    return ["systemd-nspawn", "-D", h.root, "--boot", "--register=no", "--keep-unit",
-            f"--network-namespace-path=/run/netns/{h.netns}", "--console=pipe", "-M", h.name,
-            f"--hostname={h.name}"]
+    """systemd-nspawn, started from inside the host's own cgroups (`h.cgroups`).
+
+    --register=no --keep-unit: there is no systemd/machined on this machine to register with, so
+    nspawn makes the container's cgroup (`payload`) beside its own, under the cgroup it starts in.
+    Two containers started from one cgroup would share that `payload`: both systemd instances then
+    create and prune the same /system.slice/<unit> directories at boot, and a unit fails at random
+    with 219/CGROUP. The wrapper shell moves itself into the host's cgroups, then execs nspawn
+    (same pid); where it cannot, nspawn still starts, as before."""
+    nspawn = ["systemd-nspawn", "-D", h.root, "--boot", "--register=no", "--keep-unit",
+              f"--network-namespace-path=/run/netns/{h.netns}", "--console=pipe", "-M", h.name,
+              f"--hostname={h.name}"]
+    if not h.cgroups:
+        return nspawn
+    procs = [str(Path(c) / "cgroup.procs") for c in h.cgroups]
+    return ["sh", "-c", 'echo $$ | tee "$@" > /dev/null; exec ' + shlex.join(nspawn), "sh", *procs]
+
+
+def cgroup_dirs(host: str, mountinfo: str, self_cgroup: str) -> list[str]:
+    """Where the host's own cgroups go: beside this process's cgroup, in the hierarchies systemd
+    uses (the cgroup2 one, and the v1 `name=systemd` one on a hybrid machine). Pure: the texts of
+    /proc/self/mountinfo and /proc/self/cgroup in."""
+    mounts: dict[str, str] = {}
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if " - " not in line or len(fields) < 5:
+            continue
+        fstype, _, opts = line.split(" - ", 1)[1].split()[:3]
+        if fstype == "cgroup2":
+            mounts.setdefault("", fields[4])
+        elif fstype == "cgroup" and "name=systemd" in opts.split(","):
+            mounts.setdefault("name=systemd", fields[4])
+    out = []
+    for line in self_cgroup.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers in mounts:
+            out.append(str(Path(mounts[controllers]) / path.lstrip("/") / f"ddtree-lab-{host}"))
+    return out
+
+
+def make_cgroups(host: str) -> list[str]:
+    made = []
+    try:
+        dirs = cgroup_dirs(host, Path("/proc/self/mountinfo").read_text(), Path("/proc/self/cgroup").read_text())
+    except OSError:
+        return []
+    for d in dirs:
+        try:
+            Path(d).mkdir(exist_ok=True)
+        except OSError:
+            continue
+        made.append(d)
+    return made
+
+
+def remove_cgroups(h: HostState) -> list[str]:
+    """rmdir the host's cgroups, deepest first (the container's systemd leaves its tree behind)."""
+    left = []
+    for d in h.cgroups:
+        for root, _, _ in os.walk(d, topdown=False):
+            try:
+                os.rmdir(root)
+            except OSError:
+                pass
+        if Path(d).exists():
+            left.append(d)
+    return left
 
 
 def ensure_keys(paths: Paths, hosts: Sequence[str]) -> None:
@@ -215,6 +279,8 @@ def boot(paths: Paths, state: LabState, host: str, profile: Any) -> HostState:
     for argv in netns_argvs(h):
         _sys.run(argv, timeout=15, what=f"network setup for {host}")
     paths.logs.mkdir(parents=True, exist_ok=True)
+    h.cgroups = make_cgroups(host)
+    state.save(paths)
     with open(paths.logs / f"{host}.console.log", "wb") as log:
         proc = subprocess.Popen(nspawn_argv(h), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -250,6 +316,7 @@ def stop_host(paths: Paths, h: HostState) -> list[str]:
             if not _wait(lambda: not _alive(pid), 5):
                 problems.append(f"{h.name}: systemd-nspawn (pid {pid}) did not exit")
     _reap(pid)
+    problems += [f"{h.name}: cgroup {d} is still there" for d in remove_cgroups(h)]
     if _is_mount(h.root):
         res = _sys.run(["umount", h.root], timeout=30, check=False)
         if res.returncode != 0:

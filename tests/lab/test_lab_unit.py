@@ -31,6 +31,31 @@ def test_network_and_boot_argv() -> None:
             "--hostname=ct200"} <= set(boot)
 
 
+HYBRID_MOUNTINFO = """\
+30 25 0:26 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+31 30 0:27 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec - cgroup2 cgroup2 rw,nsdelegate
+32 30 0:28 / /sys/fs/cgroup/systemd rw,nosuid,nodev,noexec - cgroup cgroup rw,xattr,name=systemd
+33 30 0:29 / /sys/fs/cgroup/memory rw,nosuid,nodev,noexec - cgroup cgroup rw,memory
+"""
+
+
+def test_each_host_boots_in_its_own_cgroups() -> None:
+    # two containers started from one cgroup share nspawn's `payload` and race at boot (219/CGROUP)
+    cg = "9:name=systemd:/ci\n4:memory:/job/7\n0::/ci\n"
+    assert machine.cgroup_dirs("ct129", HYBRID_MOUNTINFO, cg) == [
+        "/sys/fs/cgroup/systemd/ci/ddtree-lab-ct129", "/sys/fs/cgroup/unified/ci/ddtree-lab-ct129"]
+    v2 = "40 25 0:30 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n"
+    assert machine.cgroup_dirs("ct200", v2, "0::/user.slice/session-3.scope\n") == [
+        "/sys/fs/cgroup/user.slice/session-3.scope/ddtree-lab-ct200"]
+    h = machine.host_state(Paths(Path("/x")), "ct200")
+    h.cgroups = ["/cg/a/ddtree-lab-ct200", "/cg/b/ddtree-lab-ct200"]
+    argv = machine.nspawn_argv(h)
+    assert argv[:2] == ["sh", "-c"] and argv[3:] == ["sh", "/cg/a/ddtree-lab-ct200/cgroup.procs",
+                                                     "/cg/b/ddtree-lab-ct200/cgroup.procs"]
+    assert argv[2].endswith("exec systemd-nspawn -D /x/run/ct200/root --boot --register=no --keep-unit "
+                            "--network-namespace-path=/run/netns/ct200 --console=pipe -M ct200 --hostname=ct200")
+
+
 def test_ssh_files(tmp_path: Path) -> None:
     paths = Paths(tmp_path)
     machine.ensure_keys(paths, ["ct129"])

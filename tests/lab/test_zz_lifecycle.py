@@ -16,7 +16,7 @@ from ddtree_ops.lab.machine import LabState
 pytestmark = pytest.mark.lab
 
 
-def leftovers(lab: Any, pids: list[int]) -> list[str]:
+def leftovers(lab: Any, pids: list[int], cgroups: list[list[str]]) -> list[str]:
     paths = lab.paths
     found = [f"pid {p} alive" for p in pids if machine._alive(p)]
     found += [f"netns {n}" for n in lab.hosts if Path(f"/run/netns/{n}").exists()]
@@ -27,6 +27,7 @@ def leftovers(lab: Any, pids: list[int]) -> list[str]:
               if str(paths.home) in line.split()[4]]
     found += [f"nspawn state {p}" for n in lab.hosts for p in Path("/run/systemd/nspawn").glob(f"*/{n}")]
     found += [f"nspawn pid {p}" for p in machine.stray_nspawns(paths)]
+    found += [f"cgroup {d}" for h in cgroups for d in h if Path(d).exists()]
     for d in Path("/proc").glob("[0-9]*"):  # anything still rooted in a lab host's filesystem
         try:
             if os.readlink(d / "root").startswith(str(paths.run)):
@@ -43,9 +44,11 @@ def test_down_leaves_nothing_and_up_works_again(lab: Any) -> None:
     assert state is not None
     pids = [p for h in state.hosts.values() for p in [h.nspawn_pid or 0, *machine.descendants(h.nspawn_pid or 0)]]
     assert len(pids) > 10  # nspawn, systemd, journald, sshd, the stand-in, ... per host
+    cgroups = [h.cgroups for h in state.hosts.values()]
+    assert all(cgroups), "each host boots in cgroups of its own"
     took = api.down(lab.paths, log=lambda _m: None)
     assert took < 30
-    assert leftovers(lab, pids) == []
+    assert leftovers(lab, pids, cgroups) == []
     api.up(lab.paths, log=lambda _m: None)
     assert api.is_up(lab.paths)
     for name in lab.hosts:
