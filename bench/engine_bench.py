@@ -11,8 +11,8 @@ the device-to-host copy and the heap, both with the canonical top-k (`draft_topk
 id, the reference every build is checked against) and in the reference's own style
 (log_softmax + torch.topk). Vectorised builds are timed from the same logits to device tensors
 (tokens, parents, depths, visibility), eager and as one CUDA graph replay: PyTorch selection
-(top-k or sort) and the fused Triton path; the fused path's four launches are also timed one by
-one. GPU times are medians of CUDA-event or synchronised wall-clock timings after warm-up.
+(top-k or sort) and the fused Triton path; the fused path's three launches are also timed one by
+one (the selection with the visibility, as the builder runs it). GPU times are medians of CUDA-event or synchronised wall-clock timings after warm-up.
 """
 
 from __future__ import annotations
@@ -211,19 +211,18 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
 
             top = draft_topk_fused(logits, k)
             root = torch.ones(1, dtype=torch.int64, device=device)
-            nodes = tree_kernels.select_nodes(top.scores, top.tokens, budget, root)
+            vis = torch.zeros(tree_kernels.vis_bytes(budget), dtype=torch.int8, device=device)
             scratch = torch.zeros(1, device=device)
             parts = {"empty_graph": lambda: scratch.add_(1),       # the floor of one-launch graph timing
                      "log_softmax_torch": lambda: torch.log_softmax(logits, dim=-1, dtype=torch.float32),
                      "stats_kernel": lambda: tree_kernels.log_softmax_stats(logits),
                      "topk_kernels": lambda: tree_kernels.topk_rows(logits, k),
-                     "select_kernel": lambda: tree_kernels.select_nodes(top.scores, top.tokens, budget, root),
-                     "visibility_kernel": lambda: tree_kernels.visibility(nodes)}
+                     "select_kernel": lambda: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, vis)}
             for name, fn in parts.items():
                 row[f"part_{name}_s"] = graph_time(capture_graph(fn, device), device, args.reps)
             for warps in (4, 8, 16):          # launch-shape sweep for the selection kernel
                 row[f"sweep_select_w{warps}_s"] = graph_time(capture_graph(
-                    lambda w=warps: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, num_warps=w),
+                    lambda w=warps: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, vis, num_warps=w),
                     device), device, args.reps)
             # accuracy of the fused log-probs against torch.log_softmax
             row["logprob_max_abs_diff_vs_torch"] = float((log_probs(logits) - torch.log_softmax(
@@ -245,8 +244,8 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
               f"(x{row['speedup_vs_heap_reference_style']:.1f} vs ref-style heap)", flush=True)
         if "part_select_kernel_s" in row:
             print("        parts (graph each): " + "  ".join(f"{name} {us('part_' + name + '_s'):6.1f}"
-                  for name in ("empty_graph", "log_softmax_torch", "stats_kernel", "topk_kernels", "select_kernel",
-                               "visibility_kernel")) + f"  |lp - torch| max {row['logprob_max_abs_diff_vs_torch']:.2e}",
+                  for name in ("empty_graph", "log_softmax_torch", "stats_kernel", "topk_kernels", "select_kernel"))
+                  + f"  |lp - torch| max {row['logprob_max_abs_diff_vs_torch']:.2e}",
                   flush=True)
             print("        sweep: " + "  ".join(f"{key[6:-2]} {us(key):6.1f}" for key in row if key.startswith("sweep_")),
                   flush=True)

@@ -10,9 +10,9 @@ prefix-closed because log-probs are <= 0. Two builds return the same tree, node 
   no host sync, so it can be captured in a CUDA graph (`TreeBuilder`). On CUDA (with Triton)
   the selection runs as one fused kernel (`tree_kernels`); elsewhere as PyTorch ops.
 - `build_tree_fused` / `TreeBuilder(how="fused")`: the whole build from draft logits on CUDA in
-  four kernels: the row statistics of the log-softmax (the kernel `log_probs` uses there too),
-  a filtered per-row top-K, the selection and the visibility matrix. The PyTorch builds stay
-  as the reference and the fallback.
+  three kernels: the row statistics of the log-softmax (the kernel `log_probs` uses there too),
+  a filtered per-row top-K, and the selection with the visibility matrix. The PyTorch builds
+  stay as the reference and the fallback.
 
 Scores are fixed-point integers (2**-24 nats). Integer sums are exact and associative, so both
 builds (and any device) order ties identically; float sums would let rounding pick different
@@ -367,7 +367,7 @@ class TreeBuilder:
     `capture()` records one CUDA graph of top-k + selection + visibility, so a build is one
     graph launch with no host round trip. Shapes are fixed at construction (L, V, B).
 
-    `how`: "fused" (the Triton kernels: four launches), "topk" or "sort" (PyTorch ops: the
+    `how`: "fused" (the Triton kernels: three launches), "topk" or "sort" (PyTorch ops: the
     selection's top-B by `torch.topk` or `torch.sort`), or "auto": fused where it runs (CUDA
     with Triton), else "topk". Every variant gives the same outputs; invalid slots (fewer than
     B prefixes exist, tiny vocabularies only) are flagged by `valid` and differ in content.
@@ -385,7 +385,8 @@ class TreeBuilder:
         self.logits = torch.zeros((depth, vocab), dtype=logits_dtype, device=self.device)
         self.root_token = torch.zeros((), dtype=torch.int64, device=self.device)
         # the fused top-K's completion counters: zeroed once here, left zero by every build
-        self.counters = torch.zeros(2 * depth, dtype=torch.int32, device=self.device)
+        self.counters = torch.zeros(3 * depth, dtype=torch.int32, device=self.device)
+        self.vis: torch.Tensor | None = None
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict[str, torch.Tensor] = {}
 
@@ -393,10 +394,10 @@ class TreeBuilder:
         if self.how == "fused":
             from ddtree_ops.engine import tree_kernels
 
-            tokens, scores = tree_kernels.topk_rows(self.logits, self.k, self.counters)
-            nodes = tree_kernels.select_nodes(scores, tokens, self.budget, self.root_token)
-            nodes["visibility"] = tree_kernels.visibility(nodes)
-            self.out = nodes
+            if self.vis is None:       # static like the counters: every build clears it again
+                self.vis = torch.empty(tree_kernels.vis_bytes(self.budget), dtype=torch.int8, device=self.device)
+            tokens, scores = tree_kernels.topk_rows(self.logits, self.k, self.counters, clear=self.vis)
+            self.out = tree_kernels.select_nodes(scores, tokens, self.budget, self.root_token, vis=self.vis)
             return
         top = draft_topk(self.logits, self.k)
         tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, self.budget, self.how)

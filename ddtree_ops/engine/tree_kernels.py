@@ -1,6 +1,6 @@
 """Triton kernels for the fused GPU tree build (imported lazily, only where Triton runs).
 
-Four kernels, one launch each, no host synchronisation (CUDA-graph safe):
+Three kernels, one launch each, no host synchronisation (CUDA-graph safe):
 
 1. The exact top-K of each depth row's fp32 log-probs, in the canonical order of
    `tree.topk_logprobs` (log-prob descending, token id ascending), in two kernels over (row,
@@ -8,10 +8,11 @@ Four kernels, one launch each, no host synchronisation (CUDA-graph safe):
    last program (an atomic count) forms m and c (log-probs are (x - m) - c, the same bits that
    `tree.log_probs` computes from this kernel's output) and T0, the K-th largest lane maximum:
    a real log-prob with at least K log-probs >= it, so every top-K member is >= T0.
-   `_filter_kernel`: each chunk compacts its survivors (lp >= T0, ties included) as unique int64
-   keys (ordered float bits << 32 | ~id); the row's last program sorts them (bitonic, in
-   registers) and writes the first K with their quantised scores. Survivors are usually
-   1.0-1.5 K; any number is handled exactly by merging chunks of M - KP into the running top-KP.
+   `_filter_kernel`: each chunk appends its survivors (lp >= T0, ties included) to the row's
+   list as unique int64 keys (ordered float bits << 32 | ~id), at slots from an atomic count;
+   the row's last program sorts them (bitonic, in registers) and writes the first K with their
+   quantised scores. Survivors are usually 1.0-1.5 K; any number is handled exactly by merging
+   M - KP more at a time into the running top-KP.
 2. `_select_kernel`, one program per tree: the budget's nodes in the heap's pop order. Depth by
    depth it keeps G, the best B nodes found so far in the global total order (score desc, depth
    asc, parent position, rank). A depth-(d+1) candidate (beam position i, rank r) can only enter
@@ -21,12 +22,13 @@ Four kernels, one launch each, no host synchronisation (CUDA-graph safe):
    into G (kept sorted in registers) BP at a time: the chunk is sorted ascending, the top BP of
    both is max(G, chunk), a bitonic sequence, and log2(BP) compare-exchange steps sort it. When
    at most 32, 64 or 128 survive (the usual case), they are sorted at that width and placed
-   last in a row of padding before the merge (`_merge_narrow`). A
-   node's key in G carries its id (ids given in (depth, beam position) order), so it never
-   changes and per-node data is written once, by id. The depth's new nodes, in order, are the
-   next beam. At the end G, in order, is the node list; parents are mapped through a (depth,
-   beam position) -> node table.
-4. `_visibility_kernel`: vis[i, j] = j is i or an ancestor of i, by walking parents up.
+   last in a row of padding before the merge (`_merge_narrow`). A node's key in G carries its
+   id (ids given in (depth, beam position) order), so it never changes and per-node data is
+   written once, by id. The depth's new nodes, in order, are the next beam. At the end G, in
+   order, is the node list; parents are mapped through a (depth, beam position) -> node table,
+   and the visibility (j is i or an ancestor of i) is marked by walking every node's parents
+   up at once, in a buffer that the filter kernel's programs zeroed. A kernel of its own for
+   it cost more in launch than in work.
 
 Keys are int64 and unique, so bitonic sorts (unstable) give exactly one answer.
 """
@@ -142,51 +144,44 @@ def _merge_desc(x, N: tl.constexpr, LOGN: tl.constexpr):
 
 
 @triton.jit
-def _gather_survivors(SURV, row, S: tl.constexpr, CH: tl.constexpr, src, ends, starts, total, oc):
-    """Keys number `src` (< 0: none) of the row's survivors, numbered across the chunks' segments."""
-    which = tl.sum((src[:, None] >= ends[None, :]).to(tl.int32), axis=1)
-    start = tl.sum(tl.where(oc[None, :] == which[:, None], starts[None, :], 0), axis=1)
-    live = (src >= 0) & (src < total)
-    addr = SURV + (row * S + which).to(tl.int64) * CH + (src - start)
-    return tl.load(addr, mask=live, other=_MINK, cache_modifier=".cg")
-
-
-@triton.jit
-def _filter_kernel(X, stride_x, V, K, ROWSTAT, SURV, NSURV, CNT, WORK, TOK, SC, stride_out,
-                   S: tl.constexpr, SP: tl.constexpr, CH: tl.constexpr, KP: tl.constexpr, M: tl.constexpr):
-    """Program (row, chunk c): the chunk's log-probs >= t0 as unique keys, compacted into the
-    chunk's segment of SURV. The row's last program sorts them (merging chunks of M - KP into
-    the running top-KP when there are more than M) and writes the top K."""
+def _filter_kernel(X, stride_x, V, K, ROWSTAT, SURV, CNT, NSURV, WORK, TOK, SC, stride_out, CLR, NCLR, SLICE,
+                   CH: tl.constexpr, KP: tl.constexpr, M: tl.constexpr, CLEAR: tl.constexpr):
+    """Program (row, chunk c): the chunk's log-probs >= t0 as unique keys, appended to the row's
+    survivor list (slots from an atomic count, so in no fixed order: the keys are unique and
+    only sorted from here on). The row's last program sorts them (merging M - KP more at a
+    time into the running top-KP when there are more than M) and writes the top K.
+    CLEAR: every program also zeroes its SLICE bytes of CLR[0:NCLR], the selection's
+    visibility buffer (one CTA would take 20 us for a 1025 x 1025 matrix; here it is free)."""
     row = tl.program_id(0)
-    chunk = tl.program_id(1)
+    o = tl.program_id(1) * CH + tl.arange(0, CH)
+    if CLEAR:
+        start = (row * tl.num_programs(1) + tl.program_id(1)) * SLICE
+        oz = tl.arange(0, 1024)
+        for f in range(0, SLICE, 1024):
+            tl.store(CLR + start + f + oz, tl.zeros([1024], tl.int8), mask=(f + oz < SLICE) & (start + f + oz < NCLR))
     m = tl.load(ROWSTAT + row * 3)
     c = tl.load(ROWSTAT + row * 3 + 1)
     t0 = tl.load(ROWSTAT + row * 3 + 2)
-    o = chunk * CH + tl.arange(0, CH)
     x = tl.load(X + row.to(tl.int64) * stride_x + o, mask=o < V, other=float("-inf")).to(tl.float32)
     lp = (x - m) - c
     keep = (o < V) & (lp >= t0)
-    pos = tl.cumsum(keep.to(tl.int32), axis=0) - 1
-    seg = SURV + (row * S + chunk).to(tl.int64) * CH
-    tl.store(seg + pos, _order_key(lp, o), mask=keep)
-    tl.store(NSURV + row * S + chunk, tl.sum(keep.to(tl.int32), axis=0))
+    # a few dozen survivors per chunk: one atomic each is cheaper than a scan of the chunk
+    slot = tl.atomic_add(NSURV + row + o * 0, 1, mask=keep, sem="relaxed")
+    surv = SURV + row.to(tl.int64) * V
+    tl.store(surv + slot, _order_key(lp, o), mask=keep)
     tl.debug_barrier()
     done = tl.atomic_add(CNT + row, 1, sem="acq_rel")
-    if done == S - 1:
-        oc = tl.arange(0, SP)
-        counts = tl.load(NSURV + row * S + oc, mask=oc < S, other=0, cache_modifier=".cg")
-        ends = tl.cumsum(counts, axis=0)
-        total = tl.sum(counts, axis=0)
-        starts = ends - counts
-        ends = tl.where(oc < S, ends, 2147483647)
+    if done == tl.num_programs(1) - 1:
+        total = tl.atomic_xchg(NSURV + row, 0)
         om = tl.arange(0, M)
         work = WORK + row.to(tl.int64) * KP
         # the first M survivors, then M - KP more at a time merged into the running top-KP
-        keys = tl.sort(_gather_survivors(SURV, row, S, CH, om, ends, starts, total, oc), descending=True)
+        keys = tl.sort(tl.load(surv + om, mask=om < total, other=_MINK, cache_modifier=".cg"), descending=True)
         for base in range(M, total, M - KP):
             tl.store(work + om, keys, mask=om < KP)
             tl.debug_barrier()
-            more = _gather_survivors(SURV, row, S, CH, tl.where(om < KP, -1, base + om - KP), ends, starts, total, oc)
+            src = base + om - KP
+            more = tl.load(surv + src, mask=(om >= KP) & (src < total), other=_MINK, cache_modifier=".cg")
             keys = tl.where(om < KP, tl.load(work + om, mask=om < KP, other=_MINK), more)
             keys = tl.sort(keys, descending=True)
             tl.debug_barrier()
@@ -214,10 +209,10 @@ def _merge_narrow(G, SURV, ns, BP: tl.constexpr, LOGBP: tl.constexpr, W: tl.cons
 @triton.jit
 def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                    OUT_TOK, OUT_PAR, OUT_DEP, OUT_RANK, OUT_VALID,
-                   SURV, META, BEAM, NODE_OF, ANC,
+                   SURV, META, BEAM, NODE_OF, VIS,
                    L, K, B,
                    BP: tl.constexpr, LOGBP: tl.constexpr, CB: tl.constexpr, NP: tl.constexpr,
-                   W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr):
+                   W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, WITH_VIS: tl.constexpr):
     ob = tl.arange(0, BP)
     oc = tl.arange(0, CB)
     pi0 = tl.load(PI + oc)          # the first chunk of the pair table: loaded once
@@ -234,15 +229,21 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
     plen = tl.load(PLEN + o2, mask=o2 <= BP, other=0)
     nb = 1          # beam entries at the current depth (the root)
     base = 0        # node ids given so far
+    # depth d's scores at the first chunk's ranks, loaded one depth ahead: the loads of depth
+    # d + 1 are in flight while depth d sorts and merges
+    s_cur = tl.load(S + pr0)
+    s0 = tl.load(S)
     tl.debug_barrier()
     for d in range(0, L):
+        ahead = tl.where(d + 1 < L, d + 1, d)       # the last depth reloads itself, unused
+        s_nxt = tl.load(S + ahead * stride_st + pr0)
+        s0_nxt = tl.load(S + ahead * stride_st)
         if nb > 0:
             srow = S + d * stride_st
             gmin = tl.min(tl.where(ob < B, G, _MAXK), axis=0)       # G's B-th key (MINK: not full)
             tau = gmin >> 23
             # beam positions that can still produce a survivor: beam[i] + S[d, 0] > tau
             # (bs: the beam's scores where its nodes sit in G, neg elsewhere; from registers)
-            s0 = tl.load(srow)
             nbe = tl.sum(((bs != neg) & (bs + s0 > tau)).to(tl.int32), axis=0)
             npairs = tl.sum(tl.where(o2 == nbe, plen, 0), axis=0)
             ns = 0
@@ -252,10 +253,12 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                 if c == 0:
                     i = pi0
                     r = pr0
+                    sr = s_cur
                 else:
                     i = tl.load(PI + o, mask=m, other=0)
                     r = tl.load(PR + o, mask=m, other=0)
-                sc = tl.load(BEAM + i, mask=m, other=0) + tl.load(srow + r, mask=m, other=0)
+                    sr = tl.load(srow + r, mask=m, other=0)
+                sc = tl.load(BEAM + i, mask=m, other=0) + sr
                 m = m & (sc > tau)
                 cnt = tl.sum(m.to(tl.int32), axis=0)
                 if cnt > 0:
@@ -297,6 +300,8 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                 tl.debug_barrier()
             else:
                 nb = 0
+        s_cur = s_nxt
+        s0 = s0_nxt
     # G, in order, is the node list: node g + 1
     valid = (ob < B) & (G != _MINK)
     nid = ((G & (_HALF - 1)) ^ (_HALF - 1)).to(tl.int32)     # HALF - 1 - id
@@ -317,16 +322,18 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
     tl.store(OUT_DEP + out, dep.to(tl.int64), mask=mo)
     tl.store(OUT_RANK + out, rank.to(tl.int64), mask=mo)
     tl.store(OUT_VALID + out, valid.to(tl.int8), mask=mo)
-    # ancestors: ANC[n, t] = the t-th ancestor of node n (t = 0: n itself), -1 above the root;
-    # the root's parent (-1) is written here, before the walk reads it
-    tl.store(OUT_PAR + ob * 0, tl.full([BP], -1, tl.int64), mask=ob == 0)
-    tl.debug_barrier()
-    on = tl.arange(0, NP)
-    pn = tl.load(OUT_PAR + on, mask=on <= B, other=-1).to(tl.int32)
-    a = tl.where(on <= B, on, -1)
-    for t in range(0, L + 1):
-        tl.store(ANC + on * (L + 1) + t, a, mask=on <= B)
-        a = tl.where(a >= 0, tl.gather(pn, tl.maximum(a, 0), 0), -1)
+    tl.store(OUT_PAR + ob * 0, tl.full([BP], -1, tl.int64), mask=ob == 0)     # the root's parent
+    if WITH_VIS:
+        # vis[i, j] = j is i or an ancestor of i ((B + 1)^2 bytes, row-major, zeroed by the
+        # filter kernel): a one per (node, ancestor), walking every node's parents up at once
+        tl.debug_barrier()
+        on = tl.arange(0, NP)
+        pn = tl.load(OUT_PAR + on, mask=on <= B, other=-1).to(tl.int32)
+        a = tl.where(on <= B, on, -1)
+        one = tl.full([NP], 1, tl.int8)
+        for t in range(0, L + 1):
+            tl.store(VIS + on * (B + 1) + a, one, mask=a >= 0)
+            a = tl.where(a >= 0, tl.gather(pn, tl.maximum(a, 0), 0), -1)
     # the root
     first = ob == 0
     root = tl.load(ROOT + ob * 0, mask=first, other=0)
@@ -334,19 +341,6 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
     tl.store(OUT_DEP + ob, tl.zeros([BP], tl.int64), mask=first)
     tl.store(OUT_RANK + ob, tl.zeros([BP], tl.int64), mask=first)
     tl.store(OUT_VALID + ob, tl.full([BP], 1, tl.int8), mask=first)
-
-
-@triton.jit
-def _visibility_kernel(ANC, DEP, VIS, N, L, BI: tl.constexpr, BJ: tl.constexpr):
-    """vis[i, j] = (depth j <= depth i) and ANC[i, depth i - depth j] == j: one load per entry."""
-    i = tl.program_id(0) * BI + tl.arange(0, BI)
-    j = tl.program_id(1) * BJ + tl.arange(0, BJ)
-    di = tl.load(DEP + i, mask=i < N, other=0).to(tl.int32)
-    dj = tl.load(DEP + j, mask=j < N, other=0).to(tl.int32)
-    t = di[:, None] - dj[None, :]
-    m = (i[:, None] < N) & (j[None, :] < N)
-    a = tl.load(ANC + i[:, None] * (L + 1) + t, mask=m & (t >= 0), other=-1)
-    tl.store(VIS + i[:, None].to(tl.int64) * N + j[None, :], (a == j[None, :]).to(tl.int8), mask=m)
 
 
 def next_pow2(n: int) -> int:
@@ -361,16 +355,18 @@ def _warps(n: int) -> int:
     return 4 if n <= 256 else 8 if n <= 1024 else 16
 
 
+
 # ----------------------------------------------------------------------------------------------
 # launchers (torch tensors on a CUDA device, or on the CPU under TRITON_INTERPRET=1)
 
 
 def topk_config(k: int) -> dict[str, int]:
-    """The final sort: M = 2 KP keys. With the 2048 lane maxima of `_stats_kernel` the
-    survivors of t0 are ~1.05-1.5 K on real draft rows (151936 vocab), so one sort usually
-    finishes a row; more are merged M - KP at a time."""
+    """The filter's chunk of a row (CH logits per program) and its final sort: M = 2 KP keys.
+    With the 2048 lane maxima of `_stats_kernel` the survivors of t0 are ~1.05-1.5 K on real
+    draft rows (151936 vocab), so one sort usually finishes a row; more are merged M - KP at
+    a time."""
     kp = max(2, next_pow2(k))
-    return {"KP": kp, "M": 2 * kp}
+    return {"KP": kp, "M": 2 * kp, "CH": 64 if interpreting() else 8192}
 
 
 def stats_config() -> dict[str, int]:
@@ -400,13 +396,21 @@ def log_softmax_stats(x: torch.Tensor) -> torch.Tensor:
     return _row_stats(x, 0, torch.zeros(int(x.shape[0]), dtype=torch.int32, device=x.device))
 
 
-def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def vis_bytes(budget: int) -> int:
+    """Bytes of a visibility buffer for `topk_rows(clear=)` and `select_nodes(vis=)`: the
+    (B + 1)^2 matrix rounded up to 16, so the clearing stores are 16 bytes wide."""
+    return -(-((budget + 1) ** 2) // 16) * 16
+
+
+def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None,
+              clear: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of the log-probs of each row of logits [L, V] (any float dtype), in (log-prob desc,
     id asc), log-probs as in `log_softmax_stats`: (tokens, quantised scores), both int64 [L, k].
 
-    `counters`: int32 [2 L] zeros that the caller keeps (a graph-captured builder); the kernels
+    `counters`: int32 [3 L] zeros that the caller keeps (a graph-captured builder); the kernels
     leave them zero again, so a replay needs no memset node. Builds that share one buffer must
-    not run concurrently."""
+    not run concurrently. `clear`: an int8 buffer (`vis_bytes` long) that the filter kernel
+    zeroes on the way, for `select_nodes(vis=)`."""
     rows, vocab = int(x.shape[0]), int(x.shape[1])
     x = x.contiguous()
     tokens = torch.empty((rows, k), dtype=torch.int64, device=x.device)
@@ -414,18 +418,19 @@ def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None) -> 
     if rows == 0 or k == 0:
         return tokens, scores
     cfg = topk_config(k)
-    scfg = stats_config()
-    ch = scfg["LANES"] * scfg["R"]
-    s = max(1, -(-vocab // ch))
     if counters is None:
-        counters = torch.zeros(2 * rows, dtype=torch.int32, device=x.device)
+        counters = torch.zeros(3 * rows, dtype=torch.int32, device=x.device)
     rowstat = _row_stats(x, k, counters[:rows])
-    surv = torch.empty((rows * s, ch), dtype=torch.int64, device=x.device)
-    nsurv = torch.empty(rows * s, dtype=torch.int32, device=x.device)
+    surv = torch.empty((rows, vocab), dtype=torch.int64, device=x.device)   # room for every logit
     work = torch.empty((rows, cfg["KP"]), dtype=torch.int64, device=x.device)
-    _filter_kernel[(rows, s)](x, x.stride(0), vocab, k, rowstat, surv, nsurv, counters[rows:], work,
-                              tokens, scores, k, S=s, SP=next_pow2(s), CH=ch, KP=cfg["KP"], M=cfg["M"],
-                              num_warps=16 if cfg["KP"] >= 1024 else 8)
+    chunks = triton.cdiv(vocab, cfg["CH"])
+    nclr = int(clear.numel()) if clear is not None else 0
+    slice_ = -(-nclr // (rows * chunks * 16)) * 16                           # bytes per program
+    _filter_kernel[(rows, chunks)](
+        x, x.stride(0), vocab, k, rowstat, surv, counters[rows:2 * rows], counters[2 * rows:], work,
+        tokens, scores, k, clear if clear is not None else work, nclr, slice_,
+        CH=cfg["CH"], KP=cfg["KP"], M=cfg["M"], CLEAR=clear is not None,
+        num_warps=16 if cfg["KP"] >= 1024 else 8)
     return tokens, scores
 
 
@@ -446,9 +451,11 @@ def pair_tables(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.T
 
 
 def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: torch.Tensor,
-                 num_warps: int | None = None) -> dict[str, torch.Tensor]:
+                 vis: torch.Tensor | None = None, num_warps: int | None = None) -> dict[str, torch.Tensor]:
     """Tree nodes 0..B (0 = root) from the [L, K] top-k table: tokens, parents, depths, ranks,
-    valid; invalid slots (fewer than B prefixes exist) come last with parent -1."""
+    valid; invalid slots (fewer than B prefixes exist) come last with parent -1 and see only
+    themselves. `vis`: a zeroed int8 buffer (`vis_bytes(B)`, cleared by `topk_rows(clear=)`)
+    that receives the ancestor-only mask, returned as "visibility", bool [B + 1, B + 1]."""
     depth, k = int(scores.shape[0]), int(scores.shape[1])
     dev = scores.device
     bp = max(2, next_pow2(budget))
@@ -463,26 +470,15 @@ def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: 
     meta = torch.empty(4 * depth * bp, dtype=torch.int32, device=dev)
     beam = torch.empty(bp, dtype=torch.int64, device=dev)
     node_of = torch.empty((depth + 1) * bp, dtype=torch.int32, device=dev)
-    np_ = next_pow2(n)
-    anc = torch.empty((np_, depth + 1), dtype=torch.int32, device=dev)
     cb = min(1024, max(16, next_pow2(cp)))
     _select_kernel[(1,)](scores, tokens, k, pi, pr, plen, root.view(-1)[:1].to(torch.int64),
                          out["tokens"], out["parents"], out["depths"], out["ranks"], valid,
-                         surv, meta, beam, node_of, anc,
-                         depth, k, budget, BP=bp, LOGBP=bp.bit_length() - 1, CB=cb, NP=np_,
-                         W1=min(bp, 32), W2=min(bp, 64), W3=min(bp, 128), num_warps=num_warps or _warps(2 * bp))
+                         surv, meta, beam, node_of, vis if vis is not None else valid,
+                         depth, k, budget, BP=bp, LOGBP=bp.bit_length() - 1, CB=cb, NP=next_pow2(n),
+                         W1=min(bp, 32), W2=min(bp, 64), W3=min(bp, 128), WITH_VIS=vis is not None,
+                         num_warps=num_warps or _warps(2 * bp))
     out["valid"] = valid.view(torch.bool)
-    out["ancestors"] = anc
+    if vis is not None:
+        out["visibility"] = vis[: n * n].view(n, n).view(torch.bool)
     return out
 
-
-def visibility(nodes: dict[str, torch.Tensor]) -> torch.Tensor:
-    """vis[i, j]: j is i or an ancestor of i, from `select_nodes`' ancestor table and depths."""
-    depths = nodes["depths"]
-    n = int(depths.shape[0])
-    max_depth = int(nodes["ancestors"].shape[1]) - 1
-    vis = torch.empty((n, n), dtype=torch.int8, device=depths.device)
-    bi, bj = 32, 128
-    _visibility_kernel[(triton.cdiv(n, bi), triton.cdiv(n, bj))](nodes["ancestors"], depths, vis, n, max_depth,
-                                                                  BI=bi, BJ=bj, num_warps=4)
-    return vis.view(torch.bool)

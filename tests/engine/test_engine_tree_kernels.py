@@ -38,7 +38,7 @@ CHILD = textwrap.dedent('''
         builder = T.TreeBuilder(case["L"], case["V"], case["B"], "cpu", logits_dtype=torch.float32, how="fused")
         builder.root_token.fill_(7)
         for x in (torch.randn(case["L"], case["V"], generator=g), logits):   # the second build reuses
-            builder.logits.copy_(x)                                           # the first's counters
+            builder.logits.copy_(x)                                           # the first's counters and visibility buffer
             builder._run()
         n = ref.size
         out = builder.out
