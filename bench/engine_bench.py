@@ -12,7 +12,8 @@ id, the reference every build is checked against) and in the reference's own sty
 (log_softmax + torch.topk). Vectorised builds are timed from the same logits to device tensors
 (tokens, parents, depths, visibility), eager and as one CUDA graph replay: PyTorch selection
 (top-k or sort) and the fused Triton path; the fused path's three launches are also timed one by
-one (the selection with the visibility, as the builder runs it). GPU times are medians of CUDA-event or synchronised wall-clock timings after warm-up.
+one (the selection with the visibility, as the builder runs it). GPU times are medians of
+CUDA-event or synchronised wall-clock timings after warm-up.
 """
 
 from __future__ import annotations

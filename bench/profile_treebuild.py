@@ -103,5 +103,6 @@ def main() -> None:
         print("         graph prefixes (event-timed, us): " + "  ".join(
             f"{name} {t:6.1f}" for name, t in prefix_times(logits, budget, 100).items()), flush=True)
 
+
 if __name__ == "__main__":
     main()

@@ -236,7 +236,6 @@ class SSHHost:
     # ---------------------------------------------------------------- commands
 
     def _exec(self, command: str, stdin: bytes | None, timeout: float) -> tuple[int, bytes, bytes, float]:
-
         t0 = time.monotonic()
         chan = self._open_session(timeout)
         chan.settimeout(timeout)

@@ -386,7 +386,12 @@ class TreeBuilder:
         self.root_token = torch.zeros((), dtype=torch.int64, device=self.device)
         # the fused top-K's completion counters: zeroed once here, left zero by every build
         self.counters = torch.zeros(3 * depth, dtype=torch.int32, device=self.device)
+        # and its visibility buffer, which every build zeroes (in the filter kernel) and marks
         self.vis: torch.Tensor | None = None
+        if how == "fused":
+            from ddtree_ops.engine import tree_kernels
+
+            self.vis = torch.empty(tree_kernels.vis_bytes(budget), dtype=torch.int8, device=self.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict[str, torch.Tensor] = {}
 
@@ -394,8 +399,6 @@ class TreeBuilder:
         if self.how == "fused":
             from ddtree_ops.engine import tree_kernels
 
-            if self.vis is None:       # static like the counters: every build clears it again
-                self.vis = torch.empty(tree_kernels.vis_bytes(self.budget), dtype=torch.int8, device=self.device)
             tokens, scores = tree_kernels.topk_rows(self.logits, self.k, self.counters, clear=self.vis)
             self.out = tree_kernels.select_nodes(scores, tokens, self.budget, self.root_token, vis=self.vis)
             return
