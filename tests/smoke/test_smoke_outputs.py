@@ -107,10 +107,26 @@ def test_a_failed_write_leaves_the_old_file(profiles: dict[str, Any], tmp_path: 
     smoke.write_prom(path, results(profiles), now=1000.0)
     before = path.read_text()
 
-    def full_disk(fd: int) -> None:
-        raise OSError(28, "No space left on device")
+    class FullDisk:
+        """The temp file, which takes half of what is written and then hits ENOSPC."""
 
-    monkeypatch.setattr(os, "fsync", full_disk)
+        def __init__(self, *args: Any) -> None:
+            self._fh = open(*args)
+
+        def __enter__(self) -> "FullDisk":
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._fh.close()
+
+        def write(self, data: bytes) -> int:
+            self._fh.write(data[: len(data) // 2])
+            self._fh.flush()
+            raise OSError(28, "No space left on device")
+
+    from prometheus_client import exposition
+
+    monkeypatch.setattr(exposition, "open", FullDisk, raising=False)
     with pytest.raises(OSError):
         smoke.write_prom(path, results(profiles), now=2000.0)
     assert path.read_text() == before
