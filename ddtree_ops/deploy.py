@@ -155,14 +155,18 @@ def install(host: Host, unit_path: str, unit_text: str, env_path: str, env_text:
     return Restarted(parse_cursor(res.stdout), parse_systemctl_show(res.stdout).invocation, stop_ns / 1e9)
 
 
-def _progress(label: str) -> Callable[[gating.GateState, gating.Observation], None]:
+def _progress(label: str, abort: Callable[[], bool] | None = None
+              ) -> Callable[[gating.GateState, gating.Observation], None]:
     last = {"phase": None, "t": -10.0}
 
     def show(state: gating.GateState, obs: gating.Observation) -> None:
+        if abort is not None and abort():
+            # a fleet interrupted twice: this host rolls back now, as a single deploy does on Ctrl-C
+            raise KeyboardInterrupt
         if state.phase != last["phase"] or obs.t - last["t"] >= 10:
             last["phase"], last["t"] = state.phase, obs.t
             if state.status is gating.Status.WAIT:
-                output.say(f"  [{label}] {obs.t:5.1f}s of {state.cfg.deadline_s:g}s: waiting for "
+                output.say(f"  \\[{label}] {obs.t:5.1f}s of {state.cfg.deadline_s:g}s: waiting for "
                            f"{state.waiting_for()} (unit {obs.unit.active}/{obs.unit.sub})", style="dim")
 
     return show
@@ -267,9 +271,17 @@ def resolve_interrupted(host: Host, p: Profile, layout: Layout, state: releases.
 # ------------------------------------------------------------------ deploy
 
 
+# the reason of a deploy that a fleet's interrupt stopped before it changed anything
+STOPPED = "stopped before any change: the rollout was interrupted"
+
+
 def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_yes: bool = False,
            confirm: Callable[[str], bool] | None = None, force_restart: bool = False,
-           lock_wait_s: float = 0) -> Outcome:
+           lock_wait_s: float = 0, stop: Callable[[], bool] | None = None,
+           abort: Callable[[], bool] | None = None) -> Outcome:
+    """One host's transaction. A fleet passes `stop` (checked just before the host is changed:
+    true leaves it untouched) and `abort` (checked while the new release is gated: true rolls it
+    back, as Ctrl-C does for a single deploy)."""
     t0 = time.monotonic()
     rendered = render(p, mode)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
@@ -327,12 +339,15 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
             if not confirm(question):
                 out.reason = "not confirmed; nothing changed"
                 return finish()
-        return _transaction(host, p, mode, rendered, layout, pf, plugin, kg, state.current, out, finish)
+        if stop is not None and stop():
+            out.reason = STOPPED
+            return finish()
+        return _transaction(host, p, mode, rendered, layout, pf, plugin, kg, state.current, out, finish, abort)
 
 
 def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout, pf: Preflight,
                  plugin: Any, kg: str | None, current: str | None, out: Outcome,
-                 finish: Callable[[], Outcome]) -> Outcome:
+                 finish: Callable[[], Outcome], abort: Callable[[], bool] | None = None) -> Outcome:
     touched = False
     rid = rendered.release_id
     meta = releases.meta_for(rendered, "pending")
@@ -354,7 +369,8 @@ def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
         out.timings["service_stop"] = started.stop_s
         output.say(f"{p.name}: installed {rid}, restarting {p.service.unit}; gating")
         result = gating.run_gate(host, p, mode, cursor=started.cursor,
-                                 previous_invocation=started.previous_invocation, on_progress=_progress(mode))
+                                 previous_invocation=started.previous_invocation,
+                                 on_progress=_progress(mode, abort))
         out.gate = result
         out.timings["gate"] = result.elapsed_s
         if result.passed:

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -24,17 +26,49 @@ def err() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def say(message: str, *, style: str | None = None) -> None:
-    """A line for the operator, on stderr."""
+_local = threading.local()
+
+
+@contextmanager
+def captured(prefix: str, *, echo: bool) -> Iterator[list[str]]:
+    """Lines said on this thread are kept (plain text) instead of printed; with `echo` they are
+    printed too, after `prefix`. A fleet runs one host per thread: its people-lines stay one per
+    host unless asked for (--verbose), and every host's own lines still reach its JSON entry."""
+    lines: list[str] = []
+    _local.capture = (prefix, echo, lines)
+    try:
+        yield lines
+    finally:
+        _local.capture = None
+
+
+def _print(message: str, style: str | None = None) -> None:
+    cap = getattr(_local, "capture", None)
+    if cap is not None:
+        prefix, echo, lines = cap
+        from rich.text import Text
+
+        try:
+            lines.append(Text.from_markup(message).plain)
+        except Exception:  # noqa: BLE001 - a line that is not valid markup is kept as it is
+            lines.append(message)
+        if not echo:
+            return
+        message = f"{prefix} {message}"
     err().print(message, style=style)
 
 
+def say(message: str, *, style: str | None = None) -> None:
+    """A line for the operator, on stderr."""
+    _print(message, style)
+
+
 def warn(message: str) -> None:
-    err().print(f"[yellow]warning:[/] {message}")
+    _print(f"[yellow]warning:[/] {message}")
 
 
 def fail(message: str) -> None:
-    err().print(f"[bold red]error:[/] {message}")
+    _print(f"[bold red]error:[/] {message}")
 
 
 def data(text: str) -> None:

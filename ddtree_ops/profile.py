@@ -317,8 +317,10 @@ def profiles_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 
 def available_hosts(directory: Path | None = None) -> list[str]:
-    d = directory or profiles_dir()
-    return sorted(p.stem for p in d.glob("*.yaml") if p.stem != "defaults")
+    """Every host: those with a profile file, then the members of groups (inventory.py)."""
+    from ddtree_ops.inventory import Inventory
+
+    return Inventory.load(directory or profiles_dir()).hosts()
 
 
 def _read(path: Path, shown: str) -> Sourced:
@@ -330,20 +332,11 @@ def _read(path: Path, shown: str) -> Sourced:
 
 
 def load_profile(host: str, *, overrides: list[str] | None = None, directory: Path | None = None) -> Profile:
-    d = directory or profiles_dir()
-    path = d / f"{host}.yaml"
-    if not path.is_file():
-        known = ", ".join(available_hosts(d)) or "none"
-        raise ProfileError([f"no profile for host {host!r}: {_shown(path)} does not exist (profiles: {known})"])
-    src = Sourced()
-    defaults = d / "defaults.yaml"
-    if defaults.is_file():
-        src = _read(defaults, _shown(defaults))
-    src = _merge(src, _read(path, _shown(path)))
-    src.data.setdefault("name", host)
-    src.origin.setdefault(("name",), _shown(path))
-    src = _apply_overrides(src, overrides or [])
-    return validate(src, fallback=_shown(path))
+    """defaults.yaml, the host's groups, its own entry and file, then --set (the layering lives in
+    inventory.py, beside the groups and inventories it reads)."""
+    from ddtree_ops.inventory import Inventory
+
+    return Inventory.load(directory or profiles_dir()).profile(host, overrides or [])
 
 
 def _shown(path: Path) -> str:

@@ -102,6 +102,7 @@ class Spec:
     ping_url: str | None = None
     ssh_config: str | None = None
     profiles_dir: str | None = None
+    inventory: str | None = None  # an Ansible inventory named at install time (groups resolve alike)
     lock: str = LOCK  # the one smoke takes itself; the cron wrapper takes the same one
 
     @property
@@ -124,6 +125,8 @@ class Spec:
             env["DDTREE_OPS_PROFILES"] = self.profiles_dir
         if self.ssh_config:
             env["DDTREE_OPS_SSH_CONFIG"] = self.ssh_config
+        if self.inventory:
+            env["DDTREE_OPS_INVENTORY"] = self.inventory
         return env
 
 
@@ -141,6 +144,8 @@ def default_spec(every: str = "5m", *, hosts: Sequence[str] = (), prom_file: str
         every=parse_every(every), executable=_executable(), hosts=tuple(hosts), user=user or _invoking_user(),
         prom_file=str(Path(prom_file).absolute()) if prom_file else None, ping_url=ping_url,
         ssh_config=str(cfg.absolute()) if cfg else None, profiles_dir=str(profiles_dir().resolve()),
+        inventory=str(Path(os.environ["DDTREE_OPS_INVENTORY"]).absolute()) if os.environ.get("DDTREE_OPS_INVENTORY")
+        else None,
     )
 
 

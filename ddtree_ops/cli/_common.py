@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 if TYPE_CHECKING:
+    from ddtree_ops.inventory import Inventory
     from ddtree_ops.profile import Profile
     from ddtree_ops.ssh import SSHHost
 
@@ -20,14 +21,23 @@ SshConfigOpt = typer.Option(None, "--ssh-config", metavar="FILE", envvar="DDTREE
                             help="ssh_config to resolve host names with (default: $DDTREE_OPS_SSH_CONFIG, "
                                  "then ~/.ssh/config).")
 ProfilesOpt = typer.Option(None, "--profiles", metavar="DIR", envvar="DDTREE_OPS_PROFILES",
-                           help="Directory holding defaults.yaml and <host>.yaml (default: ./profiles).")
+                           help="Directory holding defaults.yaml, <host>.yaml and groups/<group>.yaml "
+                                "(default: ./profiles).")
+InventoryOpt = typer.Option(None, "--inventory", "-i", metavar="FILE", envvar="DDTREE_OPS_INVENTORY",
+                            help="An Ansible inventory (YAML or INI) naming more hosts and groups "
+                                 "(default: $DDTREE_OPS_INVENTORY).")
 
 
-def load(host: str, overrides: Optional[list[str]] = None, profiles: Optional[str] = None) -> "Profile":
+def inventory(profiles: Optional[str] = None, inventory_file: Optional[str] = None) -> "Inventory":
+    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.profile import profiles_dir
 
-    from ddtree_ops.profile import load_profile, profiles_dir
+    return Inventory.load(profiles_dir(profiles), inventory_file)
 
-    return load_profile(host, overrides=overrides or [], directory=profiles_dir(profiles) if profiles else None)
+
+def load(host: str, overrides: Optional[list[str]] = None, profiles: Optional[str] = None,
+         inventory_file: Optional[str] = None) -> "Profile":
+    return inventory(profiles, inventory_file).profile(host, overrides or [])
 
 
 def connect(profile: "Profile", ssh_config: Optional[str]) -> "SSHHost":

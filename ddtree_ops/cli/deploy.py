@@ -1,4 +1,8 @@
-"""`ddtree-ops deploy HOST`: render, preflight, install, gate; roll back to known-good on failure."""
+"""`ddtree-ops deploy TARGET...`: render, preflight, install, gate; roll back to known-good on failure.
+
+One host: the single-host transaction below. Groups or several hosts: a canary, then waves, each
+host its own transaction (ddtree_ops/fleet.py, rendered by cli/_fleet.py).
+"""
 
 from __future__ import annotations
 
@@ -6,15 +10,19 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
+from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
 
 if TYPE_CHECKING:
     from ddtree_ops.deploy import Outcome
 
 ModeOpt = typer.Option("ddtree-shadow", "--mode", "-m", help="nextn | dflash | ddtree-shadow.")
+_FLEET = "Fleet (a group or several hosts)"
 
 
-def deploy_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.yaml, ssh_config alias)."),
+def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
+                                                   help="Hosts and groups (profiles/<host>.yaml, "
+                                                        "profiles/groups/<group>.yaml, --inventory); globs "
+                                                        "('ct13*'), ranges (ct13[0:5]) and !HOST to leave one out."),
                mode: str = ModeOpt,
                dry_run: bool = typer.Option(False, "--dry-run", help="Preflight, plan and diff; change nothing."),
                yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -23,18 +31,52 @@ def deploy_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.
                lock_wait: float = typer.Option(0, "--lock-wait", metavar="SECONDS",
                                                help="Wait this long for another deploy's lock."),
                set_: Optional[list[str]] = SetOpt, as_json: bool = JsonOpt,
-               ssh_config: Optional[str] = SshConfigOpt, profiles: Optional[str] = ProfilesOpt) -> int:
-    """Deploy MODE to HOST and prove it healthy, or roll back to the known-good release.
+               ssh_config: Optional[str] = SshConfigOpt, profiles: Optional[str] = ProfilesOpt,
+               inventory: Optional[str] = InventoryOpt,
+               canary: int = typer.Option(1, "--canary", min=0, metavar="N", rich_help_panel=_FLEET,
+                                          help="Hosts that go first, alone, through the full gate (taken across "
+                                               "GPU classes); if one fails nothing else is touched."),
+               batch: str = typer.Option("25%", "--batch", metavar="N|P%|RAMP", rich_help_panel=_FLEET,
+                                         help="Hosts per wave after the canary, in parallel: 3, 25%, or a ramp "
+                                              "1,5,25% whose last step repeats."),
+               max_fail: str = typer.Option("0", "--max-fail", metavar="N|P%", rich_help_panel=_FLEET,
+                                            help="Failures (rolled back or degraded) allowed before no new host "
+                                                 "starts; running hosts always finish."),
+               canary_stay: Optional[float] = typer.Option(None, "--canary-stay", metavar="SECONDS",
+                                                           rich_help_panel=_FLEET,
+                                                           help="The canary's own stay-healthy window "
+                                                                "(default: the profile's gate.stay_healthy_s)."),
+               skip_refused: bool = typer.Option(False, "--skip-refused", rich_help_panel=_FLEET,
+                                                 help="Deploy to the others when preflight refuses some hosts."),
+               verbose: bool = typer.Option(False, "--verbose", "-v", rich_help_panel=_FLEET,
+                                            help="Every host's own progress lines, prefixed with its name.")) -> int:
+    """Deploy MODE to each TARGET and prove it healthy, or roll back to the known-good release.
 
     Exit: 0 serving the new release, 1 failed and rolled back (healthy on known-good),
-    2 failed and degraded, 3 refused before any change.
+    2 failed and degraded, 3 refused before any change. A fleet: 0 every host on the new
+    release, 1 not every host got it (rolled back, refused or not started) and every host
+    serves a known-good release, 2 any host degraded, 3 nothing changed anywhere.
 
     Example: ddtree-ops deploy ct200 --mode ddtree-shadow --yes
+
+    Example: ddtree-ops deploy a6000 pro6000 --mode dflash --canary 2 --batch 1,25% --max-fail 10% --yes
     """
-    from ddtree_ops.cli._common import confirm, connect, interactive, load
+    from ddtree_ops.cli import _fleet
+    from ddtree_ops.cli._common import confirm, connect, interactive
+    from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.deploy import deploy
 
-    p = load(host, set_, profiles)
+    inv = load_inventory(profiles, inventory)
+    if not _fleet.is_single(inv, targets):
+        from ddtree_ops import fleet
+
+        rollout = fleet.Rollout(canary=canary, batch=fleet.parse_batch(batch), max_fail=fleet.parse_budget(max_fail),
+                                canary_stay_s=canary_stay, skip_refused=skip_refused)
+        return _fleet.deploy_many(inv, targets, mode=mode, overrides=set_ or [], rollout=rollout, dry_run=dry_run,
+                                  yes=yes, force_restart=force_restart, lock_wait=lock_wait, verbose=verbose,
+                                  as_json=as_json, ssh_config=ssh_config)
+    host = targets[0]
+    p = inv.profile(host, set_ or [])
     p.mode(mode)  # an unconfigured mode is a usage error before any connection
     with connect(p, ssh_config) as h:
         out = deploy(h, p, mode, dry_run=dry_run, assume_yes=yes,

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import typer
 
-from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SshConfigOpt
+from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
 
 
 def register(app: typer.Typer) -> None:
     @app.command("diagnose")
     def diagnose(
-        host: str | None = typer.Argument(None, metavar="[HOST]",
-                                             help="Profile/host name to diagnose live over SSH."),
+        host: str | None = typer.Argument(None, metavar="[TARGET]",
+                                             help="Host (or group) to diagnose live over SSH."),
         log: str | None = typer.Option(None, "--log", metavar="FILE|-",
                                           help="Classify a saved log or journal (plain, journald text, or "
                                                "`journalctl -o json`); '-' reads stdin."),
@@ -26,9 +26,11 @@ def register(app: typer.Typer) -> None:
                                            help="With HOST: the mode the unit runs (default: read from its ExecStart)."),
         ssh_config: str | None = SshConfigOpt,
         profiles: str | None = ProfilesOpt,
+        inventory: str | None = InventoryOpt,
     ) -> None:
         """Name the root cause of a failed SGLang start: evidence line, remedy, other findings.
 
+        A group: one line per cause, with the hosts that share it.
         Exit status: 0 healthy, 1 warnings only, 2 failure found, 3 could not read.
         """
         from ddtree_ops.errors import UsageError
@@ -38,7 +40,14 @@ def register(app: typer.Typer) -> None:
                              hint="ddtree-ops diagnose ct129   or   ddtree-ops diagnose --log journal.txt")
         if log is not None:
             raise typer.Exit(_diagnose_log(log, json_out))
-        raise typer.Exit(_diagnose_host(host or "", json_out, mode, ssh_config, profiles))
+        from ddtree_ops.cli import _fleet
+        from ddtree_ops.cli._common import inventory as load_inventory
+
+        inv = load_inventory(profiles, inventory)
+        if not _fleet.is_single(inv, [host or ""]):
+            raise typer.Exit(_fleet.diagnose_many(inv, [host or ""], mode=mode, as_json=json_out,
+                                                  ssh_config=ssh_config))
+        raise typer.Exit(_diagnose_host(host or "", json_out, mode, ssh_config, profiles, inventory))
 
 
 def _diagnose_log(path: str, json_out: bool) -> int:
@@ -82,7 +91,7 @@ def _diagnose_log(path: str, json_out: bool) -> int:
 
 
 def _diagnose_host(host: str, json_out: bool, mode: str | None, ssh_config: str | None,
-                   profiles: str | None) -> int:
+                   profiles: str | None, inventory: str | None = None) -> int:
     from ddtree_ops import output
     from ddtree_ops.cli._common import connect, load
     from ddtree_ops.diagnose import report as rpt
@@ -90,7 +99,7 @@ def _diagnose_host(host: str, json_out: bool, mode: str | None, ssh_config: str 
     from ddtree_ops.errors import OpsError
     from ddtree_ops.status import DiagnoseExit
 
-    profile = load(host, profiles=profiles)  # ProfileError -> 64 with every problem listed
+    profile = load(host, profiles=profiles, inventory_file=inventory)  # ProfileError -> 64 with every problem listed
     if mode is not None:
         profile.mode(mode)  # an unconfigured mode is a usage error, said before connecting
     try:

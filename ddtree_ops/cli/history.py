@@ -6,22 +6,31 @@ from typing import Optional
 
 import typer
 
-from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SshConfigOpt
+from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
 
 
-def history_cmd(host: str = typer.Argument(..., help="Host name."),
+def history_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET", help="A host, or groups and hosts."),
                 audit: int = typer.Option(10, "--audit", metavar="N", help="Audit lines to show."),
                 as_json: bool = JsonOpt, ssh_config: Optional[str] = SshConfigOpt,
-                profiles: Optional[str] = ProfilesOpt) -> int:
-    """List the releases on HOST, newest first, with the known-good and current markers.
+                profiles: Optional[str] = ProfilesOpt, inventory: Optional[str] = InventoryOpt) -> int:
+    """List the releases on HOST, newest first, with the known-good and current markers; for a
+    group, one line per host: current release, known-good, last result (or a pending change).
 
     Example: ddtree-ops history ct129
+
+    Example: ddtree-ops history a6000
     """
     from ddtree_ops import output
-    from ddtree_ops.cli._common import connect, load
+    from ddtree_ops.cli import _fleet
+    from ddtree_ops.cli._common import connect
+    from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.releases import Layout, history
 
-    p = load(host, None, profiles)
+    inv = load_inventory(profiles, inventory)
+    if not _fleet.is_single(inv, targets):
+        return _fleet.history_many(inv, targets, as_json=as_json, ssh_config=ssh_config)
+    host = targets[0]
+    p = inv.profile(host)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
     with connect(p, ssh_config) as h:
         rels, pending, audit_lines = history(h, layout)

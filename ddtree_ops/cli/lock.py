@@ -6,24 +6,32 @@ from typing import Optional
 
 import typer
 
-from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SshConfigOpt
+from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
 
 lock_app = typer.Typer(help="Inspect or release a host's deploy lock.", no_args_is_help=True)
 
 
 @lock_app.command("status")
-def status(host: str = typer.Argument(...), as_json: bool = JsonOpt, ssh_config: Optional[str] = SshConfigOpt,
-           profiles: Optional[str] = ProfilesOpt) -> int:
-    """Who holds HOST's deploy lock, since when, for what. Exit 0 free, 1 held.
+def status(targets: list[str] = typer.Argument(..., metavar="TARGET", help="A host, or groups and hosts."),
+           as_json: bool = JsonOpt, ssh_config: Optional[str] = SshConfigOpt,
+           profiles: Optional[str] = ProfilesOpt, inventory: Optional[str] = InventoryOpt) -> int:
+    """Who holds HOST's deploy lock, since when, for what (a group: one line per host).
+    Exit 0 free, 1 held (any), 3 could not be read.
 
     Example: ddtree-ops lock status ct200
     """
     from ddtree_ops import output
-    from ddtree_ops.cli._common import connect, load
+    from ddtree_ops.cli import _fleet
+    from ddtree_ops.cli._common import connect
+    from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.lock import read_lock
     from ddtree_ops.releases import Layout
 
-    p = load(host, None, profiles)
+    inv = load_inventory(profiles, inventory)
+    if not _fleet.is_single(inv, targets):
+        return _fleet.lock_status_many(inv, targets, as_json=as_json, ssh_config=ssh_config)
+    host = targets[0]
+    p = inv.profile(host)
     with connect(p, ssh_config) as h:
         info = read_lock(h, Layout.for_service(p.service.state_dir, p.service.unit))
     if as_json:
@@ -36,7 +44,7 @@ def status(host: str = typer.Argument(...), as_json: bool = JsonOpt, ssh_config:
 
 @lock_app.command("release")
 def release(host: str = typer.Argument(...), ssh_config: Optional[str] = SshConfigOpt,
-            profiles: Optional[str] = ProfilesOpt) -> int:
+            profiles: Optional[str] = ProfilesOpt, inventory: Optional[str] = InventoryOpt) -> int:
     """Remove HOST's deploy lock (for a run that died); the audit log records who did it.
 
     Example: ddtree-ops lock release ct200
@@ -46,7 +54,7 @@ def release(host: str = typer.Argument(...), ssh_config: Optional[str] = SshConf
     from ddtree_ops.lock import read_lock, release_lock
     from ddtree_ops.releases import Layout
 
-    p = load(host, None, profiles)
+    p = load(host, None, profiles, inventory)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
     with connect(p, ssh_config) as h:
         info = read_lock(h, layout)

@@ -6,64 +6,52 @@ from typing import Optional
 
 import typer
 
-from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SshConfigOpt
+from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
 
 
-def rollback_cmd(host: Optional[str] = typer.Argument(None, help="Host (default: every host whose last deploy "
-                                                                 "did not pass)."),
+def rollback_cmd(targets: Optional[list[str]] = typer.Argument(None, metavar="[TARGET]...",
+                                                             help="A host, or groups and hosts (default: every "
+                                                                  "host whose last deploy did not pass)."),
                  to: Optional[str] = typer.Option(None, "--to", metavar="RELEASE",
                                                   help="Release id to return to (default: the known-good one)."),
                  lock_wait: float = typer.Option(0, "--lock-wait", metavar="SECONDS"),
                  as_json: bool = JsonOpt, ssh_config: Optional[str] = SshConfigOpt,
-                 profiles: Optional[str] = ProfilesOpt) -> int:
+                 profiles: Optional[str] = ProfilesOpt, inventory: Optional[str] = InventoryOpt) -> int:
     """Reinstall the known-good release (NEXTN baseline by default) and gate it.
+
+    One HOST: reinstall its known-good release. A group, several hosts, or none: the hosts among
+    them whose last change did not pass (a pending record, not on their known-good release, or
+    unhealthy), checked and rolled back side by side, one line per host.
 
     Exit: 0 known-good serving and healthy, 2 the rollback failed its gate, 3 refused.
 
     Example: ddtree-ops rollback ct129
+
+    Example: ddtree-ops rollback a6000
     """
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import connect, load
+    from ddtree_ops.cli import _fleet
+    from ddtree_ops.cli._common import connect
+    from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.cli.deploy import show
     from ddtree_ops.deploy import rollback
-    from ddtree_ops.host import HostError
-    from ddtree_ops.profile import available_hosts, profiles_dir
+    from ddtree_ops.errors import UsageError
 
-    if host is None and to is not None:
-        from ddtree_ops.errors import UsageError
-
-        raise UsageError("--to needs a HOST")
-    targets = [host] if host else []
-    if host is None:
-        for name in available_hosts(profiles_dir(profiles)):
-            p = load(name, None, profiles)
-            try:
-                with connect(p, ssh_config) as h:
-                    need, why = needs_rollback(h, p)
-            except HostError as exc:
-                output.warn(f"{name}: cannot check ({exc})")
-                continue
-            output.say(f"{name}: {why}")
-            if need:
-                targets.append(name)
-        if not targets:
-            output.say("no host needs a rollback")
-            if as_json:
-                output.emit_json({"command": "rollback", "hosts": []})
-            return 0
-    worst = 0
-    docs = []
-    for name in targets:
-        p = load(name, None, profiles)
-        with connect(p, ssh_config) as h:
-            out = rollback(h, p, to=to, lock_wait_s=lock_wait)
-        docs.append(out.to_json() | {"command": "rollback"})
-        if not as_json:
-            show(out, as_json=False)
-        worst = max(worst, int(out.exit_code))
+    inv = load_inventory(profiles, inventory)
+    names = targets or []
+    if not _fleet.is_single(inv, names):
+        if to is not None:
+            raise UsageError("--to needs one HOST (release ids belong to one host)")
+        return _fleet.rollback_many(inv, names, lock_wait=lock_wait, as_json=as_json, ssh_config=ssh_config)
+    p = inv.profile(names[0])
+    with connect(p, ssh_config) as h:
+        out = rollback(h, p, to=to, lock_wait_s=lock_wait)
     if as_json:
-        output.emit_json({"command": "rollback", "hosts": docs})
-    return worst
+        from ddtree_ops import output
+
+        output.emit_json({"command": "rollback", "hosts": [out.to_json() | {"command": "rollback"}]})
+    else:
+        show(out, as_json=False)
+    return int(out.exit_code)
 
 
 def needs_rollback(h: object, p: object) -> tuple[bool, str]:

@@ -10,7 +10,7 @@ sub = typer.Typer(help="Schedule smoke checks on this (control) machine: a syste
                   no_args_is_help=True)
 
 EVERY = typer.Option("5m", "--every", help="Period: 15s, 5m, 1h ... (must divide the minute, hour or day).")
-HOSTS = typer.Option(None, "--hosts", help="Hosts to check (repeat, or comma-separated); default: --all.",
+HOSTS = typer.Option(None, "--hosts", help="Hosts or groups to check (repeat, or comma-separated); default: --all.",
                      metavar="HOST")
 PROM = typer.Option(None, "--prom-file", help="Textfile for node_exporter, passed to smoke.", metavar="PATH")
 PING = typer.Option(None, "--ping-url", help="Dead-man ping base URL, passed to smoke.", metavar="URL")
@@ -22,13 +22,11 @@ USER = typer.Option(None, "--user", help="Run the checks as this user (default: 
 def _spec(every: str, hosts: Optional[list[str]], prom_file: Optional[str], ping_url: Optional[str],
           ssh_config: Optional[str], user: Optional[str]):  # noqa: ANN202 - schedule.Spec, imported lazily
     from ddtree_ops import schedule
-    from ddtree_ops.errors import UsageError
-    from ddtree_ops.profile import available_hosts
+    from ddtree_ops.inventory import Inventory
 
     names = [h for item in hosts or [] for h in item.split(",") if h]
-    unknown = sorted(set(names) - set(available_hosts()))
-    if unknown:
-        raise UsageError(f"no profile for {', '.join(unknown)} (profiles: {', '.join(available_hosts())})")
+    if names:
+        Inventory.load().resolve(names)  # hosts and groups; an unknown name is a usage error now, not at 3 a.m.
     return schedule.default_spec(every, hosts=names, prom_file=prom_file, ping_url=ping_url,
                                  ssh_config=ssh_config, user=user)
 

@@ -7,6 +7,8 @@ from typing import Optional
 
 import typer
 
+from ddtree_ops.cli._common import InventoryOpt, ProfilesOpt
+
 HELP = """Check hosts the way a monitoring plugin does, changing nothing on them.
 
 Per host: the unit's state and NRestarts, /health_generate, one smoke /generate (temperature 0)
@@ -24,8 +26,9 @@ def register(app: typer.Typer) -> None:
     @app.command("smoke", help=HELP)
     def smoke_cmd(
         hosts: Optional[list[str]] = typer.Argument(
-            None, help="Hosts to check (profile names).", show_default=False, metavar="HOST..."),
-        all_hosts: bool = typer.Option(False, "--all", help="Check every host that has a profile."),
+            None, help="Hosts or groups to check (a group is a subset of --all).", show_default=False,
+            metavar="TARGET..."),
+        all_hosts: bool = typer.Option(False, "--all", help="Check every host (profiles, groups, inventory)."),
         json_out: bool = typer.Option(False, "--json", help="Print one JSON document instead of the Nagios lines."),
         prom_file: Optional[Path] = typer.Option(
             None, "--prom-file", help="Write node_exporter textfile metrics here (atomically).", metavar="PATH"),
@@ -46,10 +49,13 @@ def register(app: typer.Typer) -> None:
         lock_file: Optional[Path] = typer.Option(
             None, "--lock-file", help="Lock that keeps two runs from overlapping (default /run/lock/ddtree-smoke.lock).",
             metavar="PATH"),
+        profiles: Optional[str] = ProfilesOpt,
+        inventory: Optional[str] = InventoryOpt,
     ) -> int:
         from ddtree_ops import output, smoke, ssh
 
-        targets = smoke.load_targets(hosts or [], all_hosts=all_hosts, overrides=overrides or [])
+        targets = smoke.load_targets(hosts or [], all_hosts=all_hosts, overrides=overrides or [], profiles=profiles,
+                                     inventory=inventory)
         outcome = smoke.run(
             targets, lambda p: ssh.connect(p, ssh_config=ssh_config),
             lock_path=lock_file or smoke.default_lock_path(), state_dir=state_dir or smoke.default_state_dir(),

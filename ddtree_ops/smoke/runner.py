@@ -77,25 +77,25 @@ def check_hosts(targets: Sequence[Target], connect: Connect, *, jobs: int = 0,
         return list(pool.map(one, targets))
 
 
-def load_targets(names: Sequence[str], *, all_hosts: bool, overrides: Sequence[str] = ()) -> list[Target]:
-    """Profiles for the named hosts (or every profile). A name without a profile is a usage
+def load_targets(names: Sequence[str], *, all_hosts: bool, overrides: Sequence[str] = (),
+                 profiles: str | None = None, inventory: str | None = None) -> list[Target]:
+    """Profiles for the named hosts and groups (or every host). A name that is neither is a usage
     error (exit 64, nothing checked); a profile that does not validate makes its host UNKNOWN."""
     from ddtree_ops.errors import ProfileError, UsageError
-    from ddtree_ops.profile import available_hosts, load_profile
+    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.profile import profiles_dir
 
-    known = available_hosts()
+    inv = Inventory.load(profiles_dir(profiles), inventory)
+    known = inv.hosts()
     if all_hosts and names:
-        raise UsageError("give host names or --all, not both")
-    chosen = list(known) if all_hosts else list(dict.fromkeys(names))
-    if not chosen:
-        raise UsageError("name at least one host, or --all" + ("" if known else " (no profiles found)"))
-    missing = [n for n in chosen if n not in known]
-    if missing:
-        raise UsageError(f"no profile for {', '.join(missing)} (profiles: {', '.join(known) or 'none'})")
+        raise UsageError("give host or group names or --all, not both")
+    if not all_hosts and not names:
+        raise UsageError("name at least one host or group, or --all" + ("" if known else " (no profiles found)"))
+    chosen = list(known) if all_hosts else inv.resolve(names)
     targets = []
     for name in chosen:
         try:
-            targets.append(Target(name, load_profile(name, overrides=list(overrides))))
+            targets.append(Target(name, inv.profile(name, list(overrides))))
         except ProfileError as exc:
             targets.append(Target(name, error=exc.problems[0] if exc.problems else str(exc)))
     return targets

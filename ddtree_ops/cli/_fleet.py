@@ -1,0 +1,277 @@
+"""The fleet side of the commands: parse the targets, call fleet.py, render one line per host.
+
+Used by `deploy`, `rollback`, `history`, `lock status` and `diagnose` when they are given a group or
+several hosts; a single host keeps its single-host command and output. stdout carries the table (or
+the one JSON document), stderr the people-lines.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+if TYPE_CHECKING:
+    from ddtree_ops.fleet import FleetOutcome
+    from ddtree_ops.host import Host
+    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.profile import Profile
+
+
+def is_single(inv: "Inventory", names: Sequence[str]) -> bool:
+    """One plain host name (not a group, a glob, a range or an exclusion)."""
+    return len(names) == 1 and not inv.is_group(names[0]) and not any(c in names[0] for c in "*?[!")
+
+
+def connector(ssh_config: Optional[str]) -> Callable[["Profile"], "Host"]:
+    from ddtree_ops.ssh import connect
+
+    return lambda p: connect(p, ssh_config=ssh_config)
+
+
+def profiles_of(inv: "Inventory", names: Sequence[str], overrides: Sequence[str] = ()) -> list[tuple[str, "Profile"]]:
+    """Every target's profile, or every problem of every target at once (exit 64, nothing touched)."""
+    from ddtree_ops.errors import ProfileError
+
+    out, problems = [], []
+    for name in inv.resolve(names):
+        try:
+            out.append((name, inv.profile(name, overrides)))
+        except ProfileError as exc:
+            problems += exc.problems
+    if problems:
+        raise ProfileError(list(dict.fromkeys(problems)))
+    return out
+
+
+# --------------------------------------------------------------------------- deploy
+
+
+def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: str, overrides: Sequence[str], rollout: Any,
+                dry_run: bool, yes: bool, force_restart: bool, lock_wait: float, verbose: bool, as_json: bool,
+                ssh_config: Optional[str]) -> int:
+    from ddtree_ops import fleet
+    from ddtree_ops.cli._common import confirm, interactive
+    from ddtree_ops.errors import UsageError
+    from ddtree_ops.render import render
+
+    hosts = profiles_of(inv, names, overrides)
+    if not hosts:
+        raise UsageError(f"{' '.join(names)}: no hosts")
+    targets = []
+    for name, p in hosts:
+        p.mode(mode)  # an unconfigured mode is a usage error before any connection
+        stay = rollout.canary_stay_s
+        if stay is not None and stay >= p.gate.startup_deadline_s:
+            raise UsageError(f"--canary-stay {stay:g} must be shorter than {name}'s gate.startup_deadline_s "
+                             f"({p.gate.startup_deadline_s:g})")
+        targets.append(fleet.Target(name, p, render(p, mode).release_id, f"{p.gpu.model} {p.gpu.arch}"))
+    opts = fleet.Options(mode, rollout, dry_run=dry_run, assume_yes=yes, force_restart=force_restart,
+                         confirm=confirm if interactive() and not as_json else None, lock_wait_s=lock_wait,
+                         verbose=verbose)
+    out = fleet.deploy_fleet(targets, connector(ssh_config), opts, requested=names)
+    show_fleet(out, as_json=as_json)
+    return out.exit_code
+
+
+def show_fleet(out: "FleetOutcome", *, as_json: bool) -> None:
+    from ddtree_ops import fleet, output
+
+    if as_json:
+        output.emit_json(out.to_json())
+    else:
+        output.data("\n".join(fleet.summary_lines(out)))
+    for cause, hosts, remedy in fleet.causes(out.hosts):
+        output.say(f"[bold red]cause[/] {cause}: {', '.join(hosts)}" + (f"\n  [bold]remedy:[/] {remedy}" if remedy else ""))
+    if out.stopped:
+        output.say(f"[bold yellow]stopped:[/] {out.stopped}")
+    counts = ", ".join(f"{n} {r}" for r, n in out.to_json()["counts"].items())
+    code = out.exit_code
+    colour = {0: "green", 1: "yellow", 2: "bold red", 3: "red"}[code]
+    output.say(f"[{colour}]{'DRY RUN' if out.dry_run else 'FLEET'}[/] {out.mode} on {len(out.hosts)} hosts: {counts} "
+               f"in {out.seconds:.1f}s (exit {code})")
+    degraded = [h.host for h in out.hosts if h.result == fleet.DEGRADED]
+    if degraded:
+        output.say(f"[bold red]DEGRADED: {', '.join(degraded)}[/] serve no verified release. "
+                   f"`ddtree-ops diagnose {degraded[0]}`; `ddtree-ops rollback` repairs what it can.")
+
+
+# --------------------------------------------------------------------------- rollback
+
+
+def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, as_json: bool,
+                  ssh_config: Optional[str]) -> int:
+    """Every host among the targets whose last change did not pass (pending, not on its known-good
+    release, or unhealthy), checked side by side, then rolled back side by side."""
+    from ddtree_ops import fleet, output
+    from ddtree_ops.cli.rollback import needs_rollback
+    from ddtree_ops.deploy import rollback
+
+    hosts = dict(profiles_of(inv, names) if names else [(n, inv.profile(n)) for n in inv.hosts()])
+    connect = connector(ssh_config)
+
+    def check(name: str) -> tuple[bool, str]:
+        with connect(hosts[name]) as h:
+            return needs_rollback(h, hosts[name])
+
+    todo = []
+    for name, verdict, err in fleet.across(list(hosts), check):
+        if verdict is None:
+            output.warn(f"{name}: cannot check ({err})")
+            continue
+        output.say(f"{name}: {verdict[1]}")
+        if verdict[0]:
+            todo.append(name)
+    if not todo:
+        output.say("no host needs a rollback")
+        if as_json:
+            output.emit_json({"command": "rollback", "hosts": []})
+        return 0
+
+    def act(name: str) -> Any:
+        with output.captured(f"[dim]{name} |[/]", echo=False), connect(hosts[name]) as h:
+            return rollback(h, hosts[name], lock_wait_s=lock_wait)
+
+    done = fleet.across(todo, act)
+    rows = [("HOST", "RESULT", "TIME", "RELEASE", "CAUSE")]
+    docs, worst = [], 0
+    for name, o, err in done:
+        if o is None:
+            rows.append((name, "refused", "-", "-", fleet._short(err)))
+            docs.append({"command": "rollback", "host": name, "result": "refused", "exit_code": 3, "reason": err})
+            worst = max(worst, 3)
+            continue
+        rows.append((name, o.result, f"{o.timings.get('total', 0):.1f}s", o.release_id or "-", fleet._short(o.reason)))
+        docs.append(o.to_json() | {"command": "rollback"})
+        worst = max(worst, int(o.exit_code))
+    if as_json:
+        output.emit_json({"command": "rollback", "hosts": docs})
+    else:
+        output.data("\n".join(fleet.table(rows)))
+    return worst
+
+
+# --------------------------------------------------------------------------- history, lock status
+
+
+def history_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: Optional[str]) -> int:
+    from ddtree_ops import fleet, output
+    from ddtree_ops.releases import Layout, history
+
+    hosts = dict(profiles_of(inv, names))
+    connect = connector(ssh_config)
+
+    def read(name: str) -> Any:
+        p = hosts[name]
+        with connect(p) as h:
+            return history(h, Layout.for_service(p.service.state_dir, p.service.unit))
+
+    rows = [("HOST", "CURRENT", "KNOWN-GOOD", "LAST")]
+    docs = []
+    for name, got, err in fleet.across(list(hosts), read):
+        if got is None:
+            rows.append((name, "?", "?", f"unreachable: {fleet._short(err, 60)}"))
+            docs.append({"host": name, "error": err})
+            continue
+        rels, pending, audit = got
+        cur = next((r.release_id for r in rels if r.current), None)
+        kg = next((r.release_id for r in rels if r.known_good), None)
+        last = fleet.last_result(audit)
+        if pending:
+            last = f"PENDING {pending.get('action')} of {pending.get('release_id')} since {pending.get('started_at')}"
+        rows.append((name, cur or "-", kg or "-", last or "-"))
+        docs.append({"host": name, "current": cur, "known_good": kg, "last": last, "pending": pending,
+                     "releases": [r.__dict__ for r in rels]})
+    if as_json:
+        output.emit_json({"command": "history", "hosts": docs})
+    else:
+        output.data("\n".join(fleet.table(rows)))
+    return 0
+
+
+def lock_status_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: Optional[str]) -> int:
+    from ddtree_ops import fleet, output
+    from ddtree_ops.lock import read_lock
+    from ddtree_ops.releases import Layout
+
+    hosts = dict(profiles_of(inv, names))
+    connect = connector(ssh_config)
+
+    def read(name: str) -> Any:
+        p = hosts[name]
+        with connect(p) as h:
+            return [read_lock(h, Layout.for_service(p.service.state_dir, p.service.unit))]
+
+    rows = [("HOST", "LOCK", "DETAIL")]
+    docs, held, unknown = [], 0, 0
+    for name, got, err in fleet.across(list(hosts), read):
+        if got is None:
+            unknown += 1
+            rows.append((name, "unknown", fleet._short(err, 80)))
+            docs.append({"host": name, "held": None, "error": err})
+            continue
+        info = got[0]
+        held += info is not None
+        rows.append((name, "held" if info else "free", info.describe() if info else "-"))
+        docs.append({"host": name, "held": info is not None, "lock": None if info is None else info.__dict__})
+    if as_json:
+        output.emit_json({"command": "lock status", "hosts": docs})
+    else:
+        output.data("\n".join(fleet.table(rows)))
+    return 1 if held else (3 if unknown else 0)
+
+
+# --------------------------------------------------------------------------- diagnose
+
+
+# across hosts the worst verdict wins, and a failure found outranks a host that could not be read
+_DIAGNOSE_RANK = {0: 0, 1: 1, 3: 2, 2: 3}
+
+
+def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str], as_json: bool,
+                  ssh_config: Optional[str]) -> int:
+    """A table of causes: hosts that share one are on one line; the evidence and remedy once each."""
+    from ddtree_ops import fleet, output
+    from ddtree_ops.diagnose import report as rpt
+    from ddtree_ops.diagnose.live import diagnose_host
+    from ddtree_ops.status import DiagnoseExit
+
+    hosts = dict(profiles_of(inv, names))
+    connect = connector(ssh_config)
+
+    def one(name: str) -> Any:
+        with connect(hosts[name]) as h:
+            diag = diagnose_host(h, hosts[name], mode)
+        return diag, diag.combined()
+
+    per_host, worst = [], 0
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for name, got, err in fleet.across(list(hosts), one):
+        if got is None:
+            key, doc = ("unreadable", fleet._short(err, 70)), {"host": name, "verdict": "unreadable", "error": err}
+            code = int(DiagnoseExit.UNREADABLE)
+            evidence = remedy = ""
+        else:
+            diag, combined = got
+            f = combined.root_cause or (combined.warnings[0] if combined.warnings else None)
+            key = (combined.verdict, f.label if f is not None else "-")
+            evidence = f"line {f.line}: {f.evidence}" if f is not None else ""
+            remedy = (f.remedy or "") if f is not None else ""
+            doc = {"host": name, **rpt.to_json(combined, diag)}
+            code = int(rpt.exit_code(combined.verdict))
+        worst = max(worst, code, key=_DIAGNOSE_RANK.__getitem__)
+        per_host.append(doc | {"exit_code": code})
+        g = groups.setdefault(key, {"verdict": key[0], "cause": key[1], "hosts": [], "evidence": evidence,
+                                    "evidence_host": name, "remedy": remedy})
+        g["hosts"].append(name)
+    order = {"failed": 0, "unreadable": 1, "degraded": 2, "healthy": 3}
+    ranked = sorted(groups.values(), key=lambda g: (order.get(g["verdict"], 9), -len(g["hosts"])))
+    if as_json:
+        output.emit_json({"command": "diagnose", "causes": ranked, "hosts": per_host})
+    else:
+        rows = [("VERDICT", "CAUSE", "N", "HOSTS")] + [
+            (g["verdict"], g["cause"], str(len(g["hosts"])), ", ".join(g["hosts"])) for g in ranked]
+        output.data("\n".join(fleet.table(rows)))
+        for g in ranked:
+            if g["evidence"]:
+                output.say(f"[bold]{g['cause']}[/] ({g['evidence_host']}, {g['evidence']})"
+                           + (f"\n  [bold]remedy:[/] {g['remedy']}" if g["remedy"] else ""))
+    return worst

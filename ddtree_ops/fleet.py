@@ -1,0 +1,593 @@
+"""Fleet deploys: a canary, then waves of hosts in parallel, each host its own transaction, with a
+failure budget; and the read-mostly commands (history, lock status, diagnose, rollback) across many
+hosts.
+
+    targets -> hosts (inventory.py) -> profiles and releases            pure, before any connection
+    preflight every host side by side, read-only                        a refusal stops here: exit 3
+    plan: the canary, then waves (`plan_waves`, pure)                    --dry-run stops here
+    confirm once (or --yes)
+    canary -> judge -> wave 1 -> judge -> ...    each host: `deploy.deploy` on its own thread and SSH
+                                                 connection: lock, pending record, gate, rollback
+    no new host starts once the canary failed, a host is degraded, the failures exceed --max-fail,
+    or after Ctrl-C / SIGTERM; a host already started always finishes: it passes or rolls back
+    one table and one exit code (`exit_code`, pure)
+
+Sizes are Ansible's: a count or a share of all the targets (rounded down, at least one host per
+wave), and a ramp `1,5,25%` whose last step repeats. A failure is a host rolled back or degraded; a
+host refused at its own turn (its lock taken meanwhile, unreachable) changed nothing and is reported,
+not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+
+from ddtree_ops import output
+from ddtree_ops.errors import OpsError, UsageError
+from ddtree_ops.status import DeployExit
+
+if TYPE_CHECKING:
+    from ddtree_ops.deploy import Outcome
+    from ddtree_ops.host import Host
+    from ddtree_ops.preflight import Preflight
+    from ddtree_ops.profile import Profile
+
+Connect = Callable[["Profile"], AbstractContextManager["Host"]]
+T = TypeVar("T")
+
+# results of one host in a fleet deploy
+OK, NO_CHANGE, ROLLED_BACK, DEGRADED, REFUSED, SKIPPED, DRY_RUN = (
+    "ok", "no-change", "rolled-back", "degraded", "refused", "skipped", "dry-run")
+FAILED = (ROLLED_BACK, DEGRADED)
+SERVING_NEW = (OK, NO_CHANGE)
+
+
+# --------------------------------------------------------------------------- sizes and plans (pure)
+
+
+@dataclass(frozen=True)
+class Size:
+    """A number of hosts, or a share of all the targets."""
+
+    count: int = 0
+    percent: float | None = None
+
+    def of(self, total: int, *, at_least: int = 1) -> int:
+        n = self.count if self.percent is None else math.floor(total * self.percent / 100 + 1e-9)
+        return max(at_least, n)
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent is not None else str(self.count)
+
+
+def parse_size(text: str, *, option: str, zero: bool = False) -> Size:
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)(%?)\s*", text)
+    if m is None or (not m.group(2) and "." in m.group(1)):
+        raise UsageError(f"{option} {text!r}: expected a number of hosts (3) or a share of them (25%)")
+    value = float(m.group(1))
+    if m.group(2):
+        if value > 100 or (value == 0 and not zero):
+            raise UsageError(f"{option} {text!r}: a share is {'0' if zero else 'above 0'} to 100%")
+        return Size(percent=value)
+    if value < (0 if zero else 1):
+        raise UsageError(f"{option} {text!r}: at least {'0' if zero else '1'}")
+    return Size(count=int(value))
+
+
+def parse_batch(spec: str) -> tuple[Size, ...]:
+    """`3`, `25%`, or a ramp `1,5,25%` (the last step repeats until every host has had its turn)."""
+    parts = [p for p in spec.split(",")]
+    if not spec.strip() or any(not p.strip() for p in parts):
+        raise UsageError(f"--batch {spec!r}: expected N, P% or a ramp such as 1,5,25%")
+    return tuple(parse_size(p, option="--batch") for p in parts)
+
+
+def parse_budget(spec: str) -> Size:
+    return parse_size(spec, option="--max-fail", zero=True)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    canary: int = 1
+    batch: tuple[Size, ...] = (Size(percent=25.0),)
+    max_fail: Size = Size(0)
+    canary_stay_s: float | None = None  # the canary's own stay-healthy window (None: the profile's)
+    skip_refused: bool = False
+
+    def allowed_failures(self, total: int) -> int:
+        return self.max_fail.of(total, at_least=0)
+
+    def describe(self, total: int) -> str:
+        allowed = self.allowed_failures(total)
+        return (f"--canary {self.canary} --batch {','.join(map(str, self.batch))} --max-fail {self.max_fail} "
+                f"({allowed} failure{'s' if allowed != 1 else ''} allowed of {total})")
+
+
+def plan_waves(hosts: Sequence[str], rollout: Rollout, classes: Mapping[str, str] | None = None) -> list[list[str]]:
+    """Wave 0 is the canary (empty with --canary 0); the rest follow in the given order.
+
+    Canaries are taken across GPU classes in turn (`classes`: host -> class), so a canary of 2 over
+    A6000 and Blackwell hosts tries one of each: a release that breaks one class shows on its canary."""
+    hosts = list(dict.fromkeys(hosts))
+    total = len(hosts)
+    by_class: dict[str, list[str]] = {}
+    for h in hosts:
+        by_class.setdefault((classes or {}).get(h, ""), []).append(h)
+    canary: list[str] = []
+    queues = [list(v) for v in by_class.values()]
+    while len(canary) < min(rollout.canary, total):
+        for q in queues:
+            if q and len(canary) < rollout.canary:
+                canary.append(q.pop(0))
+    rest = [h for h in hosts if h not in canary]
+    waves = [canary]
+    step = 0
+    while rest:
+        size = rollout.batch[min(step, len(rollout.batch) - 1)].of(total)
+        waves.append(rest[:size])
+        rest = rest[size:]
+        step += 1
+    return waves
+
+
+def exit_code(results: Sequence[str]) -> int:
+    """0 every host serves the new release; 2 any host degraded; 3 nothing was changed anywhere
+    (refused before any change); 1 otherwise: not every host got the new release (rolled back,
+    refused or not started) and every host serves a known-good release."""
+    if any(r == DEGRADED for r in results):
+        return int(DeployExit.DEGRADED)
+    if all(r in SERVING_NEW or r == DRY_RUN for r in results):
+        return int(DeployExit.OK)
+    if all(r in (REFUSED, SKIPPED) for r in results):
+        return int(DeployExit.REFUSED)
+    return int(DeployExit.ROLLED_BACK)
+
+
+# --------------------------------------------------------------------------- results
+
+
+@dataclass
+class Target:
+    name: str
+    profile: Profile
+    release_id: str
+    gpu_class: str
+
+
+@dataclass
+class Checked:
+    """What the preflight phase learned about one host (read-only)."""
+
+    host: str
+    ok: bool
+    reason: str = ""
+    current: str | None = None
+    known_good: str | None = None
+    pending: dict[str, Any] | None = None
+    change: str = ""  # "install" | "no change"
+    preflight: Preflight | None = None
+    seconds: float = 0.0
+
+
+@dataclass
+class HostResult:
+    host: str
+    wave: int | None  # 0 = the canary; None = never planned (refused in preflight)
+    result: str
+    reason: str
+    cause: str = ""
+    release: str | None = None  # what it serves now, as far as this run knows
+    target_release: str = ""
+    known_good: str | None = None
+    seconds: float = 0.0
+    outcome: Outcome | None = None
+    log: list[str] = field(default_factory=list)
+    root_cause: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "wave": self.wave, "result": self.result,
+                "exit_code": exit_code([self.result]), "reason": self.reason, "cause": self.cause,
+                "release": self.release, "target_release": self.target_release, "known_good": self.known_good,
+                "seconds": round(self.seconds, 3), "root_cause": self.root_cause,
+                "deploy": None if self.outcome is None else self.outcome.to_json(), "log": self.log}
+
+
+@dataclass
+class FleetOutcome:
+    mode: str
+    targets: list[str]
+    rollout: Rollout
+    waves: list[list[str]]
+    hosts: list[HostResult]
+    stopped: str | None = None
+    started_at: str = ""
+    finished_at: str = ""
+    seconds: float = 0.0
+    dry_run: bool = False
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code([h.result for h in self.hosts])
+
+    @property
+    def failures(self) -> int:
+        return sum(h.result in FAILED for h in self.hosts)
+
+    def to_json(self) -> dict[str, Any]:
+        code = self.exit_code
+        return {"command": "deploy", "mode": self.mode, "targets": self.targets,
+                "result": {0: "ok", 1: "rolled-back", 2: "degraded", 3: "refused"}[code] if not self.dry_run else
+                ("dry-run" if code == 0 else "refused"),
+                "exit_code": code, "stopped": self.stopped,
+                "rollout": {"canary": self.rollout.canary, "batch": [str(s) for s in self.rollout.batch],
+                            "max_fail": str(self.rollout.max_fail),
+                            "allowed_failures": self.rollout.allowed_failures(len(self.hosts)),
+                            "canary_stay_s": self.rollout.canary_stay_s, "skip_refused": self.rollout.skip_refused},
+                "waves": self.waves, "failures": self.failures,
+                "counts": {r: n for r in (OK, NO_CHANGE, ROLLED_BACK, DEGRADED, REFUSED, SKIPPED, DRY_RUN)
+                           if (n := sum(h.result == r for h in self.hosts))},
+                "started_at": self.started_at, "finished_at": self.finished_at,
+                "seconds": round(self.seconds, 3), "hosts": [h.to_json() for h in self.hosts]}
+
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Aligned columns, the last one left ragged."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]
+
+
+def summary_lines(out: FleetOutcome) -> list[str]:
+    """The one table: a line per host."""
+    rows = [("HOST", "WAVE", "RESULT", "TIME", "RELEASE", "CAUSE")]
+    for h in out.hosts:
+        wave = "-" if h.wave is None else ("canary" if h.wave == 0 else str(h.wave))
+        rows.append((h.host, wave, h.result, f"{h.seconds:.1f}s" if h.seconds else "-", h.release or "-",
+                     h.cause or "-"))
+    return table(rows)
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def utc(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def across(names: Sequence[str], fn: Callable[[str], T], *, jobs: int = 16) -> list[tuple[str, T | None, str]]:
+    """fn on every name side by side; (name, value, error) in the order given. An OpsError becomes
+    that host's error line; anything else is a bug and is raised."""
+
+    def one(name: str) -> tuple[str, T | None, str]:
+        try:
+            return name, fn(name), ""
+        except OpsError as exc:
+            return name, None, str(exc).removeprefix(f"{name}: ")
+
+    if not names:
+        return []
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(names))), thread_name_prefix="fleet") as pool:
+        return list(pool.map(one, names))
+
+
+def check_one(t: Target, mode: str, connect: Connect) -> Checked:
+    """Lock, pending record, releases and the whole preflight of one host; changes nothing."""
+    from ddtree_ops import releases
+    from ddtree_ops.lock import read_lock
+    from ddtree_ops.preflight import run_preflight
+    from ddtree_ops.releases import Layout
+    from ddtree_ops.render import render
+    from ddtree_ops.wheel import build
+
+    t0 = time.monotonic()
+    p = t.profile
+    rendered = render(p, mode)
+    layout = Layout.for_service(p.service.state_dir, p.service.unit)
+    plugin = build() if mode == "ddtree-shadow" else None
+    with connect(p) as h:
+        held = read_lock(h, layout)
+        state = releases.read_state(h, layout)
+        pf = run_preflight(h, p, mode, rendered, layout, plugin.version if plugin else "")
+    c = Checked(t.name, True, current=state.current, known_good=state.known_good, pending=state.pending,
+                preflight=pf, seconds=time.monotonic() - t0)
+    same = pf.installed_unit == rendered.unit_text and pf.installed_env == rendered.env_text
+    # the diff is the single-host view (`deploy HOST --dry-run`); a fleet's plan says install / no change
+    c.change = "no change" if same and not pf.plugin_needed else "install"
+    if held is not None:
+        c.ok, c.reason = False, f"deploy lock {held.describe()}"
+    elif pf.failed:
+        c.ok, c.reason = False, "preflight: " + "; ".join(f"{x.name}: {x.detail}" for x in pf.failed)
+    return c
+
+
+class Interrupts:
+    """Ctrl-C and SIGTERM while waves run: the first starts no new host and lets the running ones
+    finish or roll back; the second rolls the running ones back now; the third abandons them (the
+    pending record on each host lets the next `ddtree-ops rollback` repair it)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.running: set[str] = set()
+        self._old: dict[int, Any] = {}
+
+    @property
+    def stop(self) -> bool:
+        return self.count >= 1
+
+    @property
+    def abort(self) -> bool:
+        return self.count >= 2
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.count += 1
+        name = signal.Signals(signum).name
+        running = ", ".join(sorted(self.running)) or "none"
+        if self.count == 1:
+            output.say(f"[bold yellow]{name}: no new host will start.[/] Running: {running}; each finishes its own "
+                       "transaction (passes or rolls back). Again: roll them back now.")
+        elif self.count == 2:
+            output.say(f"[bold yellow]{name} again: rolling back the running hosts now[/] ({running}). Again: "
+                       "abandon them; the next `ddtree-ops rollback` finds and repairs them.")
+        else:
+            self.restore()
+            raise KeyboardInterrupt
+
+    def __enter__(self) -> Interrupts:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+
+@dataclass
+class Options:
+    mode: str
+    rollout: Rollout
+    dry_run: bool = False
+    assume_yes: bool = False
+    confirm: Callable[[str], bool] | None = None
+    force_restart: bool = False
+    lock_wait_s: float = 0.0
+    verbose: bool = False
+    jobs: int = 16
+
+
+def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
+                 requested: Sequence[str] = ()) -> FleetOutcome:
+    t_start, wall = time.monotonic(), time.time()
+    names = [t.name for t in targets]
+    by_name = {t.name: t for t in targets}
+    out = FleetOutcome(opts.mode, list(requested) or names, opts.rollout, [], [], started_at=utc(wall),
+                       dry_run=opts.dry_run)
+
+    def finish() -> FleetOutcome:
+        out.seconds = time.monotonic() - t_start
+        out.finished_at = utc(time.time())
+        order = {n: i for i, n in enumerate(names)}
+        out.hosts.sort(key=lambda h: (h.wave if h.wave is not None else -1, order[h.host]))
+        return out
+
+    # 1. preflight everything, side by side; nothing changes
+    output.say(f"preflight of {len(names)} host{'s' if len(names) != 1 else ''} ({opts.mode}) ...")
+    checked: dict[str, Checked] = {}
+    for name, c, err in across(names, lambda n: check_one(by_name[n], opts.mode, connect), jobs=opts.jobs):
+        checked[name] = c if c is not None else Checked(name, False, reason=f"unreachable: {err}")
+    refused = [c for c in checked.values() if not c.ok]
+    for c in refused:
+        output.say(f"  [red]refused[/] {c.host}: {c.reason}")
+    plannable = [n for n in names if checked[n].ok]
+    if refused and opts.rollout.skip_refused:
+        output.say(f"--skip-refused: {len(refused)} refused host(s) left out; the rollout goes on with "
+                   f"{len(plannable)}")
+    classes = {n: by_name[n].gpu_class for n in names}
+    out.waves = plan_waves(plannable, opts.rollout, classes) if plannable else []
+    wave_of = {h: i for i, w in enumerate(out.waves) for h in w}
+    for c in refused:
+        out.hosts.append(HostResult(c.host, None, REFUSED, c.reason, _short(c.reason), c.current,
+                                    by_name[c.host].release_id, c.known_good, c.seconds))
+    if refused and not opts.rollout.skip_refused:
+        out.stopped = (f"{len(refused)} host(s) would be refused; nothing was changed "
+                       "(--skip-refused deploys to the others)")
+        for n in names:
+            if checked[n].ok:
+                out.hosts.append(_skipped(by_name[n], checked[n], wave_of.get(n), "not started: another host was "
+                                          "refused in preflight"))
+        return finish()
+    if not plannable:
+        out.stopped = "every host was refused; nothing was changed"
+        return finish()
+    _announce(out, checked, by_name)
+    if opts.dry_run:
+        for n in plannable:
+            c = checked[n]
+            out.hosts.append(HostResult(n, wave_of[n], DRY_RUN, f"dry run: would {c.change}", c.change, c.current,
+                                        by_name[n].release_id, c.known_good, c.seconds))
+        return finish()
+    if not opts.assume_yes:
+        question = (f"Deploy {opts.mode} to {len(plannable)} hosts ({len(out.waves[0])} canary, then "
+                    f"{len(out.waves) - 1} wave(s))?")
+        if opts.confirm is None or not opts.confirm(question):
+            why = ("refusing to change hosts without confirmation: pass --yes (stdin is not a terminal)"
+                   if opts.confirm is None else "not confirmed; nothing changed")
+            out.stopped = why
+            for n in plannable:
+                out.hosts.append(_skipped(by_name[n], checked[n], wave_of[n], f"not started: {why}"))
+            return finish()
+
+    # 2. the canary, then the waves
+    budget = opts.rollout.allowed_failures(len(plannable))
+    with Interrupts() as intr:
+        for i, wave in enumerate(out.waves):
+            if not wave:
+                continue
+            if out.stopped is None and intr.stop:
+                out.stopped = "interrupted (Ctrl-C / SIGTERM): no new host started"
+            if out.stopped is not None:
+                for n in wave:
+                    out.hosts.append(_skipped(by_name[n], checked[n], i, f"not started: {_why_stopped(out.stopped)}"))
+                continue
+            label = "canary" if i == 0 else f"wave {i}/{len(out.waves) - 1}"
+            output.say(f"[bold]{label}:[/] {', '.join(wave)}")
+            results = _run_wave(wave, i, by_name, checked, connect, opts, intr)
+            out.hosts.extend(results)
+            for r in results:
+                output.say("  " + _line(r))
+            failed = [r for r in results if r.result in FAILED]
+            if i == 0 and any(r.result not in SERVING_NEW for r in results):
+                out.stopped = ("the canary failed: nothing else was touched" if failed else
+                               "the canary did not run (refused at its turn): nothing else was touched")
+            elif any(r.result == DEGRADED for r in results):
+                out.stopped = "a host is degraded: no further host starts"
+            elif out.failures > budget:
+                out.stopped = (f"failure budget spent: {out.failures} failed, --max-fail {opts.rollout.max_fail} "
+                               f"allows {budget}")
+            elif intr.stop:
+                out.stopped = "interrupted (Ctrl-C / SIGTERM): no new host started"
+            if out.stopped and i < len(out.waves) - 1:
+                output.say(f"[bold yellow]stopping:[/] {out.stopped}")
+    return finish()
+
+
+def _why_stopped(stopped: str) -> str:
+    return stopped.split(":")[0]
+
+
+def _skipped(t: Target, c: Checked, wave: int | None, why: str) -> HostResult:
+    return HostResult(t.name, wave, SKIPPED, why, why, c.current, t.release_id, c.known_good)
+
+
+def _announce(out: FleetOutcome, checked: Mapping[str, Checked], by_name: Mapping[str, Target]) -> None:
+    n = sum(len(w) for w in out.waves)
+    changes = sum(checked[h].change == "install" for w in out.waves for h in w)
+    output.say(f"plan: {n} hosts, {changes} to install, {n - changes} already on their release; "
+               f"{out.rollout.describe(n)}")
+    for i, wave in enumerate(out.waves):
+        if wave:
+            head = "canary" if i == 0 else f"wave {i}"
+            output.say(f"  {head:<8} {', '.join(wave)}")
+
+
+def _line(r: HostResult) -> str:
+    colour = {OK: "green", NO_CHANGE: "green", ROLLED_BACK: "yellow", DEGRADED: "bold red", REFUSED: "red",
+              SKIPPED: "dim"}.get(r.result, "white")
+    return f"[{colour}]{r.result:<11}[/] {r.host:<10} {r.seconds:6.1f}s  {r.release or '-'}  {r.cause}"
+
+
+def _run_wave(wave: Sequence[str], index: int, by_name: Mapping[str, Target], checked: Mapping[str, Checked],
+              connect: Connect, opts: Options, intr: Interrupts) -> list[HostResult]:
+    """Every host of the wave at once, each on its own thread; the main thread only waits, so it
+    can take Ctrl-C / SIGTERM at any moment."""
+    results: dict[str, HostResult] = {}
+    threads = []
+    for name in wave:
+        intr.running.add(name)
+
+        def work(n: str = name) -> None:
+            try:
+                results[n] = _deploy_one(by_name[n], checked[n], index, connect, opts, intr)
+            finally:
+                intr.running.discard(n)
+
+        th = threading.Thread(target=work, name=f"deploy-{name}", daemon=True)
+        th.start()
+        threads.append(th)
+    for th in threads:
+        while th.is_alive():
+            th.join(0.2)
+    return [results[n] for n in wave]
+
+
+def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Options, intr: Interrupts) -> HostResult:
+    from ddtree_ops.deploy import STOPPED, deploy
+
+    p = t.profile
+    if wave == 0 and opts.rollout.canary_stay_s is not None:
+        p = p.model_copy(update={"gate": p.gate.model_copy(update={"stay_healthy_s": opts.rollout.canary_stay_s})})
+    t0 = time.monotonic()
+    res = HostResult(t.name, wave, REFUSED, "", target_release=t.release_id, known_good=c.known_good,
+                     release=c.current)
+    with output.captured(f"[dim]{t.name} |[/]", echo=opts.verbose) as log:
+        try:
+            with connect(p) as h:
+                o = deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,
+                           lock_wait_s=opts.lock_wait_s, stop=lambda: intr.stop, abort=lambda: intr.abort)
+            res.outcome = o
+            res.result, res.reason = o.result, o.reason
+            if o.result == REFUSED and o.reason == STOPPED:
+                res.result = SKIPPED
+            res.known_good = o.known_good or c.known_good
+            res.release = {OK: t.release_id, NO_CHANGE: t.release_id, ROLLED_BACK: res.known_good}.get(
+                o.result, None if o.result == DEGRADED else c.current)
+            rc = (o.diagnosis or {}).get("root_cause")
+            res.root_cause = rc
+            res.cause = _cause(o, rc)
+        except OpsError as exc:  # the lock is held, the host is out of reach, an earlier change is stuck
+            res.result = DEGRADED if exc.exit_code == DeployExit.DEGRADED else REFUSED
+            res.reason = str(exc)
+            res.cause = _short(str(exc).removeprefix(f"{t.name}: "))
+            res.release = None if res.result == DEGRADED else c.current
+        except Exception as exc:  # noqa: BLE001 - a bug must not hide the other hosts' outcomes
+            res.result, res.release = DEGRADED, None
+            res.reason = f"internal error: {type(exc).__name__}: {exc} (the pending record on the host, if any, " \
+                         f"lets `ddtree-ops rollback {t.name}` repair it)"
+            res.cause = _short(res.reason)
+    res.log = log
+    res.seconds = time.monotonic() - t0
+    return res
+
+
+def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
+    if o.result in SERVING_NEW:
+        return "no changes" if o.result == NO_CHANGE else f"passed the gate in {o.timings.get('gate', 0):.1f}s"
+    if o.result == REFUSED:
+        return _short(o.reason)
+    head = rc.get("label") if rc else _short(o.reason.split(";")[0].removeprefix("gate failed: "))
+    tail = "rolled back" if o.result == ROLLED_BACK else "ROLLBACK FAILED"
+    return f"{head}; {tail}"
+
+
+def _short(text: str, limit: int = 90) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_AUDIT = re.compile(r"^(\S+) \S+ (\w[\w-]*) \S+ release=(\S+)(?: mode=\S+)? result=(\S+)")
+
+
+def last_result(audit: Sequence[str]) -> str:
+    """The last deploy/rollback outcome in a host's audit log: `deploy dflash-ab12 passed (2026-...)`."""
+    for line in reversed(audit):
+        m = _AUDIT.match(line)
+        if m:
+            when, action, release, result = m.groups()
+            return f"{action} {release} {result.strip(chr(39))} ({when})"
+    return ""
+
+
+def causes(hosts: Sequence[HostResult]) -> list[tuple[str, list[str], str]]:
+    """Failed hosts grouped by root cause: (cause, hosts, remedy)."""
+    groups: dict[str, tuple[list[str], str]] = {}
+    for h in hosts:
+        if h.result not in FAILED:
+            continue
+        rc = h.root_cause or {}
+        key = rc.get("label") or h.cause.split(";")[0]
+        groups.setdefault(key, ([], rc.get("remedy") or ""))[0].append(h.host)
+    return [(k, v[0], v[1]) for k, v in groups.items()]
