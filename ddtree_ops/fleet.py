@@ -303,7 +303,8 @@ def check_one(t: Target, mode: str, connect: Connect) -> Checked:
     # the diff is the single-host view (`deploy HOST --dry-run`); a fleet's plan says install / no change
     c.change = "no change" if same and not pf.plugin_needed else "install"
     if held is not None:
-        c.ok, c.reason = False, f"deploy lock {held.describe()}"
+        c.ok, c.reason = False, (f"deploy lock held by {held.by} (pid {held.pid}) for `{held.command}` "
+                                 f"since {held.since}")
     elif pf.failed:
         c.ok, c.reason = False, "preflight: " + "; ".join(f"{x.name}: {x.detail}" for x in pf.failed)
     return c
@@ -391,7 +392,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
         checked[name] = c if c is not None else Checked(name, False, reason=f"unreachable: {err}")
     refused = [c for c in checked.values() if not c.ok]
     for c in refused:
-        output.say(f"  [red]refused[/] {c.host}: {c.reason}")
+        output.say(f"  [red]refused[/] {c.host}: {output.escape(c.reason)}")
     plannable = [n for n in names if checked[n].ok]
     if refused and opts.rollout.skip_refused:
         output.say(f"--skip-refused: {len(refused)} refused host(s) left out; the rollout goes on with "
@@ -461,7 +462,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
             elif intr.stop:
                 out.stopped = "interrupted (Ctrl-C / SIGTERM): no new host started"
             if out.stopped and i < len(out.waves) - 1:
-                output.say(f"[bold yellow]stopping:[/] {out.stopped}")
+                output.say(f"[bold yellow]stopping:[/] {output.escape(out.stopped)}")
     return finish()
 
 
@@ -487,7 +488,7 @@ def _announce(out: FleetOutcome, checked: Mapping[str, Checked], by_name: Mappin
 def _line(r: HostResult) -> str:
     colour = {OK: "green", NO_CHANGE: "green", ROLLED_BACK: "yellow", DEGRADED: "bold red", REFUSED: "red",
               SKIPPED: "dim"}.get(r.result, "white")
-    return f"[{colour}]{r.result:<11}[/] {r.host:<10} {r.seconds:6.1f}s  {r.release or '-'}  {r.cause}"
+    return f"[{colour}]{r.result:<11}[/] {r.host:<10} {r.seconds:6.1f}s  {r.release or '-'}  {output.escape(r.cause)}"
 
 
 def _run_wave(wave: Sequence[str], index: int, by_name: Mapping[str, Target], checked: Mapping[str, Checked],
@@ -563,7 +564,7 @@ def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
     return f"{head}; {tail}"
 
 
-def _short(text: str, limit: int = 90) -> str:
+def _short(text: str, limit: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

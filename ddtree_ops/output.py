@@ -63,12 +63,21 @@ def say(message: str, *, style: str | None = None) -> None:
     _print(message, style)
 
 
+def escape(text: str) -> str:
+    """Text to show as it is inside a markup line (`[Errno 98]`, `[lab:children]` stay visible)."""
+    from rich.markup import escape as _escape
+
+    return _escape(text)
+
+
 def warn(message: str) -> None:
-    _print(f"[yellow]warning:[/] {message}")
+    """A warning; the message is text, not markup (it may quote `[section]` names or log lines)."""
+    _print(f"[yellow]warning:[/] {escape(message)}")
 
 
 def fail(message: str) -> None:
-    _print(f"[bold red]error:[/] {message}")
+    """An error; the message is text, not markup."""
+    _print(f"[bold red]error:[/] {escape(message)}")
 
 
 def data(text: str) -> None:

@@ -74,15 +74,17 @@ def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: str, overrides:
 
 def show_fleet(out: "FleetOutcome", *, as_json: bool) -> None:
     from ddtree_ops import fleet, output
+    from ddtree_ops.inventory import compress
 
     if as_json:
         output.emit_json(out.to_json())
     else:
         output.data("\n".join(fleet.summary_lines(out)))
     for cause, hosts, remedy in fleet.causes(out.hosts):
-        output.say(f"[bold red]cause[/] {cause}: {', '.join(hosts)}" + (f"\n  [bold]remedy:[/] {remedy}" if remedy else ""))
+        output.say(f"[bold red]cause[/] {output.escape(cause)}: {compress(hosts)}"
+                   + (f"\n  [bold]remedy:[/] {output.escape(remedy)}" if remedy else ""))
     if out.stopped:
-        output.say(f"[bold yellow]stopped:[/] {out.stopped}")
+        output.say(f"[bold yellow]stopped:[/] {output.escape(out.stopped)}")
     counts = ", ".join(f"{n} {r}" for r, n in out.to_json()["counts"].items())
     code = out.exit_code
     colour = {0: "green", 1: "yellow", 2: "bold red", 3: "red"}[code]
@@ -117,7 +119,7 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
         if verdict is None:
             output.warn(f"{name}: cannot check ({err})")
             continue
-        output.say(f"{name}: {verdict[1]}")
+        output.say(f"{name}: {output.escape(verdict[1])}")
         if verdict[0]:
             todo.append(name)
     if not todo:
@@ -232,6 +234,7 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
     from ddtree_ops import fleet, output
     from ddtree_ops.diagnose import report as rpt
     from ddtree_ops.diagnose.live import diagnose_host
+    from ddtree_ops.inventory import compress
     from ddtree_ops.status import DiagnoseExit
 
     hosts = dict(profiles_of(inv, names))
@@ -268,10 +271,11 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
         output.emit_json({"command": "diagnose", "causes": ranked, "hosts": per_host})
     else:
         rows = [("VERDICT", "CAUSE", "N", "HOSTS")] + [
-            (g["verdict"], g["cause"], str(len(g["hosts"])), ", ".join(g["hosts"])) for g in ranked]
+            (g["verdict"], g["cause"], str(len(g["hosts"])), compress(g["hosts"])) for g in ranked]
         output.data("\n".join(fleet.table(rows)))
         for g in ranked:
             if g["evidence"]:
-                output.say(f"[bold]{g['cause']}[/] ({g['evidence_host']}, {g['evidence']})"
-                           + (f"\n  [bold]remedy:[/] {g['remedy']}" if g["remedy"] else ""))
+                output.say(f"[bold]{output.escape(g['cause'])}[/] ({g['evidence_host']}, "
+                           f"{output.escape(g['evidence'])})"
+                           + (f"\n  [bold]remedy:[/] {output.escape(g['remedy'])}" if g["remedy"] else ""))
     return worst

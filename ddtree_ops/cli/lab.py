@@ -5,21 +5,26 @@ from __future__ import annotations
 
 import typer
 
-lab_app = typer.Typer(help="Local lab hosts ct129 and ct200: real systemd + sshd containers with an "
-                           "SGLang stand-in (no GPU). Needs root.", no_args_is_help=True)
+lab_app = typer.Typer(help="Local lab hosts ct129, ct200 (and more with --hosts N): real systemd + sshd "
+                           "containers with an SGLang stand-in (no GPU). Needs root.", no_args_is_help=True)
 
 
 @lab_app.command("up")
-def up(no_seed: bool = typer.Option(False, "--no-seed", help="Boot the hosts without installing the NEXTN service.")) -> int:
-    """Build the lab tree (once, cached) and boot ct129 and ct200 with the NEXTN service healthy.
+def up(no_seed: bool = typer.Option(False, "--no-seed", help="Boot the hosts without installing the NEXTN service."),
+       hosts: int = typer.Option(2, "--hosts", min=1, max=64, metavar="N",
+                                 help="How many hosts: ct129 (RTX A6000), ct200 (RTX PRO 6000), then more of each "
+                                      "class in turn (ct130, ct201, ct131, ...; ~280 MiB each). A lab that is up "
+                                      "with fewer grows.")) -> int:
+    """Build the lab tree (once, cached) and boot the hosts with the NEXTN service healthy.
 
-    Ends by printing the line that points the CLI at the lab, so `eval "$(ddtree-ops lab up)"` works.
-    Example: ddtree-ops lab up
+    Writes an ssh_config and an Ansible inventory (groups lab, a6000, pro6000) and ends by printing
+    the line that points the CLI at both, so `eval "$(ddtree-ops lab up)"` works.
+    Example: ddtree-ops lab up --hosts 6
     """
     from ddtree_ops import output
     from ddtree_ops.lab import api
 
-    t = api.up(seed=not no_seed, log=output.say)
+    t = api.up(count=hosts, seed=not no_seed, log=output.say)
     if t.get("total"):
         output.say(f"lab up in {t['total']:.1f}s (tree {'built' if t.get('tree_built') else 'cached'}: "
                    f"{t.get('tree', 0):.1f}s, boot {t.get('boot', 0):.1f}s, seed {t.get('seed', 0):.1f}s)")
@@ -53,8 +58,11 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON document
     rows = api.status()
     ok = all(r.running and r.service == "active" for r in rows)
     if as_json:
-        output.emit_json({"command": "lab status", "ssh_config": api.env_line().split("=", 1)[1],
-                          "hosts": [r.__dict__ for r in rows]})
+        from ddtree_ops.lab.paths import Paths
+
+        paths = Paths.default()
+        output.emit_json({"command": "lab status", "ssh_config": str(paths.ssh_config),
+                          "inventory": str(paths.inventory), "hosts": [r.__dict__ for r in rows]})
     else:
         output.data(f"{'HOST':<7} {'ADDRESS':<14} {'SYSTEM':<12} {'SERVICE':<12} {'MEM(PSS)':>9}  FAULTS")
         for r in rows:
@@ -65,7 +73,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON document
 
 @lab_app.command("env")
 def env() -> int:
-    """Print `export DDTREE_OPS_SSH_CONFIG=<lab ssh_config>` for `eval "$(ddtree-ops lab env)"`."""
+    """Print `export DDTREE_OPS_SSH_CONFIG=<lab ssh_config> DDTREE_OPS_INVENTORY=<lab inventory>` for
+    `eval "$(ddtree-ops lab env)"`."""
     from ddtree_ops import output
     from ddtree_ops.lab import api
 
@@ -74,7 +83,7 @@ def env() -> int:
 
 
 @lab_app.command("fault")
-def fault(host: str = typer.Argument(..., help="ct129 or ct200"),
+def fault(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an extra one (ct130, ct201, ...)"),
           name: str = typer.Argument(..., help="libcuda-missing, hang, crash-after-ready, slow-start, "
                                                "accept-collapse, port-busy, stray-gpu-process, or clear"),
           every_start: bool = typer.Option(False, "--every-start",

@@ -19,6 +19,7 @@ from ddtree_ops.lab.machine import HOSTS, HostState, LabState
 from ddtree_ops.lab.paths import Paths
 
 ENV_VAR = "DDTREE_OPS_SSH_CONFIG"
+ENV_INVENTORY = "DDTREE_OPS_INVENTORY"
 # read by the stand-in at the next start of the service, which uses them up; a line ending in
 # EVERY_START stays and applies to every start until `clear`
 EVERY_START = "@every-start"
@@ -34,13 +35,34 @@ Log = Callable[[str], None]
 
 
 def env_line(paths: Paths | None = None) -> str:
-    return f"export {ENV_VAR}={(paths or Paths.default()).ssh_config}"
+    """One line for `eval`: the lab's ssh_config (how names are reached) and inventory (its groups)."""
+    paths = paths or Paths.default()
+    return f"export {ENV_VAR}={paths.ssh_config} {ENV_INVENTORY}={paths.inventory}"
 
 
-def _profiles(hosts: Sequence[str]) -> dict[str, Any]:
-    from ddtree_ops.profile import load_profile
+def _profiles(hosts: Sequence[str], paths: Paths | None = None) -> dict[str, Any]:
+    """ct129 and ct200 from their own profiles, the extra hosts from their class group
+    (profiles/groups/a6000.yaml, pro6000.yaml) through the lab's inventory."""
+    from ddtree_ops.inventory import Inventory
 
-    return {h: load_profile(h) for h in hosts}
+    paths = paths or Paths.default()
+    inv = Inventory.load(None, paths.inventory if paths.inventory.is_file() else "")
+    return {h: inv.profile(h) for h in hosts}
+
+
+def running_hosts(paths: Paths) -> list[str]:
+    """The hosts of the lab as it stands (its state file), in lab order; the first two otherwise."""
+    st = LabState.load(paths)
+    return list(st.hosts) if st and st.hosts else list(HOSTS)
+
+
+def _write_inventory(paths: Paths, hosts: Sequence[str]) -> None:
+    order = machine.lab_hosts(machine.MAX_HOSTS)
+    ordered = sorted(hosts, key=lambda h: order.index(h) if h in order else len(order))
+    paths.home.mkdir(parents=True, exist_ok=True)
+    tmp = paths.inventory.with_suffix(".tmp")
+    tmp.write_text(machine.inventory_text(ordered, f"ddtree-ops lab up --hosts {len(ordered)}"))
+    os.replace(tmp, paths.inventory)
 
 
 def is_up(paths: Paths, hosts: Sequence[str] = HOSTS) -> bool:
@@ -49,41 +71,61 @@ def is_up(paths: Paths, hosts: Sequence[str] = HOSTS) -> bool:
                             and machine._tcp_open(st.hosts[h].address, 22) for h in hosts)
 
 
-def up(paths: Paths | None = None, *, hosts: Sequence[str] = HOSTS, seed: bool = True, log: Log = print) -> dict[str, float]:
-    """Build (once) and boot the lab; returns phase timings in seconds."""
+def up(paths: Paths | None = None, *, hosts: Sequence[str] | None = None, count: int | None = None,
+       seed: bool = True, log: Log = print) -> dict[str, float]:
+    """Build (once) and boot the lab; returns phase timings in seconds.
+
+    `count` hosts (ct129, ct200, then more of each class in turn), or exactly `hosts`. A lab that is
+    up with fewer hosts grows: only the missing ones boot; the running ones are left as they are."""
     paths = paths or Paths.default()
+    hosts = list(hosts) if hosts else machine.lab_hosts(count or len(HOSTS))
     _sys.require_root()
     _sys.require_tools()
     timings: dict[str, float] = {}
     t0 = time.monotonic()
+    old = LabState.load(paths)
     if is_up(paths, hosts):
-        log("lab already up")
+        log(f"lab already up ({len(old.hosts) if old else len(hosts)} hosts)")
         return {"total": 0.0}
-    if LabState.load(paths) or machine.stray_nspawns(paths):
+    growing = old is not None and bool(old.hosts) and is_up(paths, list(old.hosts))
+    if not growing and (old or machine.stray_nspawns(paths)):
         log("cleaning up the remains of an earlier lab")
         down(paths, log=lambda _m: None)
     timings["tree_built"] = float(tree.ensure_tree(paths, log=log))
     timings["tree"] = time.monotonic() - t0
-    payload.install_shared(paths.tree)
-    machine.ensure_keys(paths, hosts)
-    profiles = _profiles(hosts)
-    state = LabState(started=time.time())
+    if not growing:
+        payload.install_shared(paths.tree)
+    state = old if growing and old is not None else LabState(started=time.time())
+    new = [h for h in hosts if h not in state.hosts]
+    everyone = [*state.hosts, *new]
+    machine.ensure_keys(paths, everyone)
+    _write_inventory(paths, everyone)
+    profiles = _profiles(new, paths)
     try:
         t1 = time.monotonic()
-        states = [machine.boot(paths, state, h, profiles[h]) for h in hosts]
+        states = [machine.boot(paths, state, h, profiles[h]) for h in new]
         for h in states:
             machine.wait_booted(paths, h)
-        machine.write_ssh_files(paths, states)
+        machine.write_ssh_files(paths, list(state.hosts.values()))
         timings["boot"] = time.monotonic() - t1
-        log(f"booted {', '.join(f'{h.name} ({h.address})' for h in states)} in {timings['boot']:.1f}s")
+        log(f"booted {', '.join(f'{h.name} ({h.address})' for h in states)} in {timings['boot']:.1f}s"
+            + (f" (beside the {len(everyone) - len(new)} running)" if growing else ""))
         if seed:
             t2 = time.monotonic()
-            with ThreadPoolExecutor(len(hosts)) as pool:
-                list(pool.map(lambda h: _seed(paths, h, profiles[h]), hosts))
+            with ThreadPoolExecutor(len(new)) as pool:
+                list(pool.map(lambda h: _seed(paths, h, profiles[h]), new))
             timings["seed"] = time.monotonic() - t2
-            log(f"NEXTN service healthy on {', '.join(hosts)} after {timings['seed']:.1f}s")
+            log(f"NEXTN service healthy on {', '.join(new)} after {timings['seed']:.1f}s")
     except BaseException:
-        down(paths, log=lambda _m: None)
+        if growing:  # the hosts that were up stay up; the new ones go
+            for h in new:
+                if h in state.hosts:
+                    machine.stop_host(paths, state.hosts.pop(h))
+            state.save(paths)
+            _write_inventory(paths, list(state.hosts))
+            machine.write_ssh_files(paths, list(state.hosts.values()))
+        else:
+            down(paths, log=lambda _m: None)
         raise
     timings["total"] = time.monotonic() - t0
     return timings
@@ -100,7 +142,7 @@ def connect(paths: Paths, host: str) -> Any:
     """The tool's own Host over SSH, through the lab's ssh_config."""
     from ddtree_ops.ssh import connect as ssh_connect
 
-    return ssh_connect(host, ssh_config=str(paths.ssh_config), strict=True)
+    return ssh_connect(_profiles([host], paths)[host], ssh_config=str(paths.ssh_config), strict=True)
 
 
 def down(paths: Paths | None = None, *, log: Log = print) -> float:
@@ -145,7 +187,7 @@ def status(paths: Paths | None = None) -> list[HostStatus]:
     _sys.require_root()
     state = LabState.load(paths)
     out = []
-    for name in HOSTS:
+    for name in running_hosts(paths):
         h = state.hosts.get(name) if state else None
         if h is None:
             out.append(HostStatus(name, machine.address_of(name), False, "down", "-", [], 0.0, 0.0))
@@ -154,7 +196,7 @@ def status(paths: Paths | None = None) -> list[HostStatus]:
         system = service = "-"
         if init:
             system = machine.nsexec(init, ["systemctl", "is-system-running"], timeout=10).stdout.strip() or "unknown"
-            unit = _profiles([name])[name].service.unit
+            unit = _profiles([name], paths)[name].service.unit
             service = machine.nsexec(init, ["systemctl", "is-active", unit], timeout=10).stdout.strip() or "unknown"
         mem = machine.memory_of(h.nspawn_pid)
         out.append(HostStatus(name, h.address, bool(init), system if init else "down", service,
@@ -166,8 +208,8 @@ def status(paths: Paths | None = None) -> list[HostStatus]:
 
 
 def _host(paths: Paths, name: str) -> tuple[HostState, int]:
-    if name not in HOSTS:
-        raise UsageError(f"unknown lab host {name!r} (lab hosts: {', '.join(HOSTS)})")
+    if name not in running_hosts(paths):
+        raise UsageError(f"unknown lab host {name!r} (lab hosts: {', '.join(running_hosts(paths))})")
     state = LabState.load(paths)
     h = state.hosts.get(name) if state else None
     init = machine.container_init(h.nspawn_pid) if h else None
@@ -217,7 +259,7 @@ def fault(name: str, fault_name: str, paths: Paths | None = None, *, every_start
 
 
 def _start_fault_process(paths: Paths, name: str, init: int, fault_name: str) -> None:
-    profile = _profiles([name])[name]
+    profile = _profiles([name], paths)[name]
     unit = FAULT_UNITS[fault_name]
     if fault_name == "port-busy":
         listen = profile.service.listen_host if profile.service.listen_host not in ("0.0.0.0", "::") else "0.0.0.0"
@@ -245,19 +287,33 @@ class Lab:
     """A running lab, as tests use it (the `lab` fixture in tests/conftest.py hands one out).
 
     ssh_config / known_hosts  paths for `--ssh-config`, DDTREE_OPS_SSH_CONFIG, `ssh -F`
-    hosts                     ["ct129", "ct200"]
+    hosts                     ["ct129", "ct200"] and any extra hosts (grow(count) boots more)
+    inventory                 the lab's Ansible inventory (groups lab, a6000, pro6000)
     address(host)             its address (10.200.0.N)
     connect(host)             the tool's own Host (ddtree_ops.ssh) over real SSH; a context manager
     fault(host, name)         inject a fault for the next service start (every_start=True: every start);
                               clear(host) removes all
     restore(host)             clear faults and reinstall + restart the NEXTN service, healthy
     exec(host, argv)          machine-level command inside the host (test setup only, not the tool's path)
-    env                       {"DDTREE_OPS_SSH_CONFIG": ...} to merge into a subprocess environment
+    env                       {"DDTREE_OPS_SSH_CONFIG": ..., "DDTREE_OPS_INVENTORY": ...} for a subprocess
     """
 
     def __init__(self, paths: Paths | None = None) -> None:
         self.paths = paths or Paths.default()
-        self.hosts = list(HOSTS)
+
+    @property
+    def hosts(self) -> list[str]:
+        """Every host of the lab as it stands: ct129, ct200 and any extra ones (`up(count=N)`)."""
+        return running_hosts(self.paths)
+
+    def grow(self, count: int) -> list[str]:
+        """At least `count` hosts up (only the missing ones boot); returns the lab's hosts."""
+        up(self.paths, count=count, log=lambda _m: None)
+        return self.hosts
+
+    @property
+    def inventory(self) -> Path:
+        return self.paths.inventory
 
     @property
     def ssh_config(self) -> Path:
@@ -269,7 +325,7 @@ class Lab:
 
     @property
     def env(self) -> dict[str, str]:
-        return {ENV_VAR: str(self.paths.ssh_config)}
+        return {ENV_VAR: str(self.paths.ssh_config), ENV_INVENTORY: str(self.paths.inventory)}
 
     def address(self, host: str) -> str:
         return machine.address_of(host)
@@ -287,7 +343,7 @@ class Lab:
         from ddtree_ops.lab.seed import seed_nextn
 
         self.clear(host)
-        profile = _profiles([host])[host]
+        profile = _profiles([host], self.paths)[host]
         with self.connect(host) as conn:
             conn.run(["systemctl", "reset-failed", profile.service.unit], timeout=30)
             conn.run(["systemctl", "stop", profile.service.unit], timeout=60)

@@ -28,6 +28,9 @@ from ddtree_ops.lab._sys import LabError
 from ddtree_ops.lab.paths import Paths
 
 HOSTS = ("ct129", "ct200")
+# the two GPU classes of the lab: group name -> first host number (ct129: RTX A6000, ct200: RTX PRO 6000)
+CLASSES = {"a6000": 129, "pro6000": 200}
+MAX_HOSTS = 64
 SUBNET = "10.200.0"
 BOOT_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
@@ -65,6 +68,41 @@ class LabState:
         tmp.write_text(json.dumps({"hosts": {k: asdict(v) for k, v in self.hosts.items()}, "started": self.started},
                                   indent=2))
         os.replace(tmp, paths.state)
+
+
+def lab_hosts(count: int) -> list[str]:
+    """ct129 and ct200, then more of each class in turn: ct130, ct201, ct131, ct202, ... (each extra
+    host costs about 280 MiB; the address comes from the number, as for the first two)."""
+    if not 1 <= count <= MAX_HOSTS:
+        raise LabError(f"--hosts {count}: the lab has 1 to {MAX_HOSTS} hosts")
+    out: list[str] = []
+    i = 0
+    while len(out) < count:
+        for first in CLASSES.values():
+            if len(out) < count:
+                out.append(f"ct{first + i}")
+        i += 1
+    return out
+
+
+def class_of(host: str) -> str:
+    n = int(re.sub(r"\D", "", host) or 0)
+    return "pro6000" if n >= CLASSES["pro6000"] else "a6000"
+
+
+def inventory_text(hosts: Sequence[str], command: str) -> str:
+    """The lab's Ansible inventory (YAML): group `lab` (every host, the classes in turn) with the
+    children `a6000` and `pro6000`, whose settings come from profiles/groups/<class>.yaml."""
+    lines = [f"# ddtree-ops lab: written by `{command}` (an Ansible YAML inventory: ansible-inventory reads it too)",
+             "# groups: lab (every host), a6000 (RTX A6000, sm_86), pro6000 (RTX PRO 6000 Blackwell, sm_120)",
+             "all:", "  children:", "    lab:", "      hosts:"]
+    lines += [f"        {h}:" for h in hosts]
+    lines += ["      children:"]
+    for name in CLASSES:
+        members = [h for h in hosts if class_of(h) == name]
+        lines += [f"        {name}:", "          hosts:" if members else "          hosts: {}"]
+        lines += [f"            {h}:" for h in members]
+    return "\n".join(lines) + "\n"
 
 
 def address_of(host: str) -> str:

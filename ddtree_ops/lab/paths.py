@@ -4,6 +4,7 @@
     <home>/wheelhouse/      wheels for the tree's /opt/sglang/venv (downloaded once)
     <home>/keys/            the lab's SSH client key and each host's host key (kept across up/down)
     <home>/ssh_config       what `DDTREE_OPS_SSH_CONFIG` points at; <home>/known_hosts beside it
+    <home>/inventory.yml    what `DDTREE_OPS_INVENTORY` points at: groups lab, a6000, pro6000
     <home>/run/             one `up`'s state: per-host overlay, state.json with PIDs (removed by `down`)
     <home>/logs/            nspawn console logs of the last run (kept for post-mortems)
 """
@@ -59,6 +60,11 @@ class Paths:
     @property
     def known_hosts(self) -> Path:
         return self.home / "known_hosts"
+
+    @property
+    def inventory(self) -> Path:
+        """The lab's hosts and groups (an Ansible YAML inventory): what DDTREE_OPS_INVENTORY points at."""
+        return self.home / "inventory.yml"
 
     @property
     def run(self) -> Path:

@@ -72,7 +72,8 @@ def test_ssh_files(tmp_path: Path) -> None:
 
 
 def test_env_line() -> None:
-    assert api.env_line(Paths(Path("/srv/lab"))) == "export DDTREE_OPS_SSH_CONFIG=/srv/lab/ssh_config"
+    assert api.env_line(Paths(Path("/srv/lab"))) == ("export DDTREE_OPS_SSH_CONFIG=/srv/lab/ssh_config "
+                                                     "DDTREE_OPS_INVENTORY=/srv/lab/inventory.yml")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="fault checks root first")

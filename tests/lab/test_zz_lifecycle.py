@@ -16,16 +16,16 @@ from ddtree_ops.lab.machine import LabState
 pytestmark = pytest.mark.lab
 
 
-def leftovers(lab: Any, pids: list[int], cgroups: list[list[str]]) -> list[str]:
+def leftovers(lab: Any, names: list[str], pids: list[int], cgroups: list[list[str]]) -> list[str]:
     paths = lab.paths
     found = [f"pid {p} alive" for p in pids if machine._alive(p)]
-    found += [f"netns {n}" for n in lab.hosts if Path(f"/run/netns/{n}").exists()]
-    found += [f"link vh-{n}" for n in lab.hosts if Path(f"/sys/class/net/vh-{n}").exists()]
+    found += [f"netns {n}" for n in names if Path(f"/run/netns/{n}").exists()]
+    found += [f"link vh-{n}" for n in names if Path(f"/sys/class/net/vh-{n}").exists()]
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True, timeout=10).stdout
     found += [f"route {line}" for line in routes.splitlines() if line.startswith(machine.SUBNET + ".")]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if str(paths.home) in line.split()[4]]
-    found += [f"nspawn state {p}" for n in lab.hosts for p in Path("/run/systemd/nspawn").glob(f"*/{n}")]
+    found += [f"nspawn state {p}" for n in names for p in Path("/run/systemd/nspawn").glob(f"*/{n}")]
     found += [f"nspawn pid {p}" for p in machine.stray_nspawns(paths)]
     found += [f"cgroup {d}" for h in cgroups for d in h if Path(d).exists()]
     for d in Path("/proc").glob("[0-9]*"):  # anything still rooted in a lab host's filesystem
@@ -42,15 +42,16 @@ def leftovers(lab: Any, pids: list[int], cgroups: list[list[str]]) -> list[str]:
 def test_down_leaves_nothing_and_up_works_again(lab: Any) -> None:
     state = LabState.load(lab.paths)
     assert state is not None
+    names = list(state.hosts)  # ct129, ct200 and any extra hosts an earlier test booted
     pids = [p for h in state.hosts.values() for p in [h.nspawn_pid or 0, *machine.descendants(h.nspawn_pid or 0)]]
     assert len(pids) > 10  # nspawn, systemd, journald, sshd, the stand-in, ... per host
     cgroups = [h.cgroups for h in state.hosts.values()]
     assert all(cgroups), "each host boots in cgroups of its own"
     took = api.down(lab.paths, log=lambda _m: None)
     assert took < 30
-    assert leftovers(lab, pids, cgroups) == []
-    api.up(lab.paths, log=lambda _m: None)
-    assert api.is_up(lab.paths)
+    assert leftovers(lab, names, pids, cgroups) == []
+    api.up(lab.paths, hosts=names, log=lambda _m: None)  # as many as there were, for the tests after this one
+    assert api.is_up(lab.paths, names) and lab.hosts == names
     for name in lab.hosts:
         with lab.connect(name) as h:
             assert h.run(["systemctl", "is-active", "sglang.service"]).stdout.strip() == "active"

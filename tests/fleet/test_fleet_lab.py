@@ -1,0 +1,253 @@
+"""Fleet deploys against six lab hosts (real systemd as PID 1, real sshd, real journald; the SGLang
+stand-in), through the CLI an operator types, with the lab's own inventory (groups lab, a6000,
+pro6000).
+
+Waves over `lab` with `--batch 2`: canary ct129, then [ct200, ct130], [ct201, ct131], [ct202].
+Every test deploys a release of its own (`--set service.env.DDTREE_FLEET_TEST=<test>`; NEXTN, so
+the hosts stay on the known-good mode for the tests after these) and ends by asking the tool
+itself whether any host needs a rollback: none may (each serves its known-good release, healthy,
+nothing pending).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytestmark = pytest.mark.lab
+REPO = Path(__file__).resolve().parents[2]
+DDTREE_OPS = str(Path(sys.executable).parent / "ddtree-ops")
+HOSTS = ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]
+WAVES = [["ct129"], ["ct200", "ct130"], ["ct201", "ct131"], ["ct202"]]
+RUN = time.strftime("%H%M%S")  # a release of its own for each test of each run
+
+
+@pytest.fixture(scope="module")
+def fleet(request: pytest.FixtureRequest) -> Iterator[Any]:
+    lab = request.getfixturevalue("lab")
+    hosts = lab.grow(6)
+    assert hosts[:6] == HOSTS
+    yield lab
+
+
+@pytest.fixture(autouse=True)
+def known_good_at_the_end(fleet: Any) -> Iterator[None]:
+    """Every test ends with every host serving a known-good release: the tool itself must find
+    nothing to roll back (pending record, not on known-good, or unhealthy)."""
+    try:
+        yield
+    finally:
+        for h in HOSTS:
+            fleet.clear(h)
+    rc, doc, err = tool(fleet, "rollback", "lab", "--json")
+    assert (rc, doc["hosts"]) == (0, []), err
+
+
+def env(lab: Any) -> dict[str, str]:
+    return {**os.environ, **lab.env, "DDTREE_OPS_PROFILES": str(REPO / "profiles"), "NO_COLOR": "1"}
+
+
+def tool(lab: Any, *args: str, timeout: float = 400) -> tuple[int, Any, str]:
+    proc = subprocess.run([DDTREE_OPS, *args], capture_output=True, text=True, timeout=timeout, env=env(lab))
+    try:
+        doc = json.loads(proc.stdout) if "--json" in args else proc.stdout
+    except json.JSONDecodeError:
+        raise AssertionError(f"not one JSON document on stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}") from None
+    return proc.returncode, doc, proc.stderr
+
+
+def deploy_args(test: str, *extra: str) -> list[str]:
+    return ["deploy", *extra, "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=3",
+            "--set", f"service.env.DDTREE_FLEET_TEST={test}-{RUN}"]
+
+
+def by_host(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {h["host"]: h for h in doc["hosts"]}
+
+
+def results(doc: dict[str, Any]) -> dict[str, str]:
+    return {h["host"]: h["result"] for h in doc["hosts"]}
+
+
+def invocations(lab: Any, hosts: list[str]) -> dict[str, str]:
+    out = {}
+    for h in hosts:
+        with lab.connect(h) as c:
+            out[h] = c.run(["systemctl", "show", "-p", "InvocationID", "--value", "sglang.service"]).stdout.strip()
+    return out
+
+
+def audit_tail(lab: Any, host: str) -> str:
+    with lab.connect(host) as c:
+        return c.run(["sh", "-c", "tail -n 3 /var/lib/ddtree-ops/sglang/audit.log 2>/dev/null"]).stdout
+
+
+def assert_untouched(lab: Any, hosts: list[str], before: dict[str, str], doc: dict[str, Any]) -> None:
+    """Same start of the service, no lock, not a word of this run's release in the audit log."""
+    assert invocations(lab, hosts) == {h: before[h] for h in hosts}
+    rc, locks, _ = tool(lab, "lock", "status", *hosts, "--json")
+    assert rc == 0 and not any(x["held"] for x in locks["hosts"])
+    for h in hosts:
+        release = by_host(doc)[h]["target_release"]
+        assert release and release not in audit_tail(lab, h)
+
+
+# ------------------------------------------------------------------ the tests of issue 13, item 6
+
+
+def test_a_failed_canary_touches_nothing_else(fleet: Any) -> None:
+    others = HOSTS[1:]
+    before = invocations(fleet, others)
+    fleet.fault("ct129", "libcuda-missing")
+    rc, doc, err = tool(fleet, *deploy_args("canary", "lab", "--batch", "2", "--max-fail", "100%", "--json"))
+    assert rc == 1, err
+    assert doc["waves"] == WAVES
+    got = by_host(doc)
+    assert got["ct129"]["result"] == "rolled-back" and got["ct129"]["wave"] == 0
+    assert got["ct129"]["root_cause"]["label"] == "cuda_lib_load"
+    assert got["ct129"]["release"] == got["ct129"]["known_good"] != got["ct129"]["target_release"]
+    assert {h: got[h]["result"] for h in others} == {h: "skipped" for h in others}
+    assert all(got[h]["cause"] == "not started: the canary failed" for h in others)
+    assert doc["stopped"] == "the canary failed: nothing else was touched"
+    assert_untouched(fleet, others, before, doc)
+
+
+def test_one_failure_with_max_fail_0_ends_the_rollout_after_its_wave(fleet: Any) -> None:
+    later = ["ct201", "ct131", "ct202"]
+    before = invocations(fleet, later)
+    fleet.fault("ct130", "libcuda-missing")
+    rc, doc, err = tool(fleet, *deploy_args("budget0", "lab", "--batch", "2", "--max-fail", "0", "--json"))
+    assert rc == 1, err
+    assert results(doc) == {"ct129": "ok", "ct200": "ok", "ct130": "rolled-back", "ct201": "skipped",
+                            "ct131": "skipped", "ct202": "skipped"}
+    assert doc["stopped"] == "failure budget spent: 1 failed, --max-fail 0 allows 0"
+    assert by_host(doc)["ct130"]["deploy"]["rollback_gate"]["passed"] is True
+    assert_untouched(fleet, later, before, doc)
+
+
+def test_max_fail_34_percent_goes_on_past_one_failure(fleet: Any) -> None:
+    fleet.fault("ct130", "libcuda-missing")
+    rc, doc, err = tool(fleet, *deploy_args("budget34", "lab", "--batch", "2", "--max-fail", "34%", "--json"))
+    assert rc == 1, err
+    assert doc["rollout"]["allowed_failures"] == 2 and doc["stopped"] is None
+    assert results(doc) == {"ct129": "ok", "ct200": "ok", "ct130": "rolled-back", "ct201": "ok", "ct131": "ok",
+                            "ct202": "ok"}
+    assert doc["counts"] == {"ok": 5, "rolled-back": 1}
+    assert "cause cuda_lib_load: ct130" in err
+
+
+def _start(lab: Any, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([DDTREE_OPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(lab))
+
+
+def _changed(lab: Any, host: str) -> bool:
+    """The host's change has begun: its pending record is written before the unit is touched."""
+    with lab.connect(host) as c:
+        return c.run(["test", "-f", "/var/lib/ddtree-ops/sglang/pending.json"]).rc == 0
+
+
+def _wait_changed(lab: Any, proc: subprocess.Popen[str], hosts: list[str], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(_changed(lab, h) for h in hosts):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the wave never began"
+        time.sleep(0.3)
+
+
+def test_ctrl_c_in_a_wave_lets_its_hosts_finish_and_starts_no_other(fleet: Any) -> None:
+    later = ["ct201", "ct131", "ct202"]
+    before = invocations(fleet, later)
+    for h in WAVES[1]:
+        fleet.fault(h, "slow-start")  # ready after ~20 s: time to interrupt the wave
+    proc = _start(fleet, *deploy_args("ctrlc", "lab", "--batch", "2", "--json"))
+    _wait_changed(fleet, proc, WAVES[1])
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err
+    doc = json.loads(out)
+    assert results(doc) == {"ct129": "ok", "ct200": "ok", "ct130": "ok", "ct201": "skipped", "ct131": "skipped",
+                            "ct202": "skipped"}
+    assert "SIGINT: no new host will start. Running: ct130, ct200" in err
+    assert doc["stopped"] == "interrupted (Ctrl-C / SIGTERM): no new host started"
+    assert_untouched(fleet, later, before, doc)
+
+
+def test_sigterm_twice_rolls_the_running_wave_back(fleet: Any) -> None:
+    for h in WAVES[1]:
+        fleet.fault(h, "slow-start")
+    proc = _start(fleet, *deploy_args("term2", "lab", "--batch", "2", "--json"))
+    _wait_changed(fleet, proc, WAVES[1])
+    proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 1, err
+    got = by_host(json.loads(out))
+    assert [got[h]["result"] for h in WAVES[1]] == ["rolled-back", "rolled-back"]
+    assert all("interrupted" in got[h]["reason"] for h in WAVES[1])
+    assert [got[h]["result"] for h in ("ct201", "ct131", "ct202")] == ["skipped"] * 3
+
+
+def test_a_third_interrupt_abandons_and_rollback_finds_the_pending_hosts(fleet: Any) -> None:
+    for h in WAVES[1]:
+        fleet.fault(h, "slow-start")
+    proc = _start(fleet, *deploy_args("abandon", "lab", "--batch", "2"))
+    _wait_changed(fleet, proc, WAVES[1])
+    for _ in range(3):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+    proc.communicate(timeout=60)
+    assert proc.returncode == 130
+    left = [h for h in WAVES[1] if _changed(fleet, h)]
+    assert left, "an abandoned wave leaves its pending records"
+    rc, doc, err = tool(fleet, "rollback", "--json")  # no HOST: every host whose last change did not pass
+    assert rc == 0, err
+    assert sorted(h["host"] for h in doc["hosts"]) == sorted(left)
+    assert all(f"{h}: an unfinished" in err for h in left)
+
+
+def test_two_fleet_deploys_that_share_a_host_the_lock_decides(fleet: Any) -> None:
+    fleet.fault("ct201", "slow-start")
+    first = _start(fleet, *deploy_args("overlap-a", "ct201", "ct202", "--canary", "2", "--json"))
+    try:
+        _wait_changed(fleet, first, ["ct201"])
+        # the second fleet deploy overlaps on ct201: its preflight finds ct201's lock and stops there
+        rc, table, err = tool(fleet, *deploy_args("overlap-b", "ct201", "ct131"))
+        assert rc == 3, err
+        rows = {line.split()[0]: line for line in table.splitlines()[1:]}
+        assert rows["ct201"].split()[1:3] == ["-", "refused"]
+        assert "deploy lock held by" in rows["ct201"] and "for `deploy ct201 --mode nextn`" in rows["ct201"]
+        assert rows["ct131"].split()[2] == "skipped"
+        # with --skip-refused it deploys to the other host; the lock still keeps it off ct201
+        rc, doc, err = tool(fleet, *deploy_args("overlap-c", "ct201", "ct131", "--skip-refused", "--json"))
+        assert rc == 1, err
+        assert results(doc) == {"ct201": "refused", "ct131": "ok"}
+    finally:
+        out, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    assert results(json.loads(out)) == {"ct201": "ok", "ct202": "ok"}
+
+
+@pytest.mark.parametrize("name,text,problem", [
+    ("typo.ini", "[a6000]\nct129\nct130\n\n[lab:chidren]\na6000\n",
+     "typo.ini:5 [lab:chidren]: unknown section type (did you mean 'children'?)"),
+    ("typo.yml", "all:\n  children:\n    lab:\n      hostz:\n        ct129:\n",
+     "typo.yml:4 all.children.lab.hostz: unknown key (did you mean 'hosts'?)"),
+])
+def test_an_inventory_with_a_typo_is_refused_with_file_and_line(fleet: Any, tmp_path: Path, name: str, text: str,
+                                                               problem: str) -> None:
+    before = invocations(fleet, HOSTS)
+    (tmp_path / name).write_text(text)
+    rc, _, err = tool(fleet, *deploy_args("typo", "lab", "--inventory", str(tmp_path / name)))
+    assert rc == 64
+    assert problem in " ".join(err.split())
+    assert invocations(fleet, HOSTS) == before
