@@ -11,13 +11,20 @@ from ddtree_ops.status import NagiosExit
 
 
 PLUGIN = "DDTREE-SMOKE"
+# past this many hosts the OK ones are folded: the status line names only the others and counts the
+# OK ones, and the long output gives an OK host one line (the JSON keeps every check of every host)
+FOLD = 5
 
 
 def status_line(results: Sequence[HostResult]) -> str:
     """The one Nagios line: state, per-host summary, then all perfdata after `|`."""
     overall = worst([r.state for r in results])
+    fold = len(results) > FOLD
     parts = [f"{r.host}: " + ("OK" if r.state is NagiosExit.OK else ", ".join(r.reasons) or r.state.name)
-             for r in results]
+             for r in results if not (fold and r.state is NagiosExit.OK)]
+    n_ok = sum(r.state is NagiosExit.OK for r in results)
+    if fold and n_ok:
+        parts.append(f"{n_ok} of {len(results)} hosts OK")
     perf = " ".join(p.render() for r in results for p in r.perfdata)
     line = f"{PLUGIN} {overall.name} - " + ("; ".join(parts) or "no hosts")
     # '|' would start the perfdata early; Nagios has no escape for it
@@ -26,11 +33,19 @@ def status_line(results: Sequence[HostResult]) -> str:
 
 
 def detail_lines(results: Sequence[HostResult]) -> list[str]:
-    """Nagios long output: one block per host, one line per check."""
+    """Nagios long output: one block per host, one line per check (an OK host: one line, when
+    there are more than FOLD hosts)."""
     out = []
+    fold = len(results) > FOLD
     for r in results:
         mode = f" [{r.mode}]" if r.mode else ""
-        out.append(f"{r.host}{mode}: {r.state.name} ({r.observation.duration_s:.2f}s)")
+        head = f"{r.host}{mode}: {r.state.name} ({r.observation.duration_s:.2f}s)"
+        if fold and r.state is NagiosExit.OK:
+            accept, latency = r.value("accept_len"), r.value("latency")
+            out.append(head + (f" accept_len {accept:.2f}" if accept is not None else "")
+                       + (f" latency {latency:.2f}s" if latency is not None else ""))
+            continue
+        out.append(head)
         for c in r.checks:
             out.append(f"  {c.name}: {c.status.upper()} {c.detail}".replace("|", "/"))
     return out

@@ -251,3 +251,58 @@ def test_an_inventory_with_a_typo_is_refused_with_file_and_line(fleet: Any, tmp_
     assert rc == 64
     assert problem in " ".join(err.split())
     assert invocations(fleet, HOSTS) == before
+
+
+# ------------------------------------------------------------------ the lab's extra hosts, and every command across a group
+
+
+def test_the_lab_grows_hosts_of_both_classes_each_in_its_own_namespace(fleet: Any) -> None:
+    rc, status, err = tool(fleet, "lab", "status", "--json")
+    assert rc == 0, err
+    rows = {r["name"]: r for r in status["hosts"]}
+    assert list(rows)[:6] == HOSTS and status["inventory"] == str(fleet.inventory)
+    assert len({r["address"] for r in rows.values()}) == len(rows)
+    for h in HOSTS:
+        assert Path(f"/run/netns/{h}").exists() and rows[h]["service"] == "active"
+        assert rows[h]["pss_mib"] < 400, rows[h]  # cheap: the tree is shared, each host's overlay is small
+        # the operator's own ssh, through the one ssh_config `lab up` wrote
+        name = subprocess.run(["ssh", "-F", str(fleet.ssh_config), "-o", "BatchMode=yes", h, "hostname"],
+                              capture_output=True, text=True, timeout=30)
+        assert name.stdout.strip() == h, name.stderr
+    for h, card in (("ct130", "NVIDIA RTX A6000"), ("ct201", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition")):
+        with fleet.connect(h) as c:
+            assert c.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).stdout.strip() == card
+    fleet.fault("ct202", "hang")
+    rc, status, _ = tool(fleet, "lab", "status", "--json")
+    assert {r["name"]: r["faults"] for r in status["hosts"]} == {h: (["hang"] if h == "ct202" else []) for h in rows}
+    rc, doc, err = tool(fleet, "profile", "show", "lab", "--json")
+    assert rc == 0 and doc["hosts"] == HOSTS, err
+    assert {doc["differs"][h]["gpu.arch"] for h in HOSTS} == {"sm_86", "sm_120"}
+    assert doc["origin"]["ct130"]["gpu.arch"].endswith("profiles/groups/a6000.yaml:15")
+
+
+def test_every_command_across_a_group(fleet: Any) -> None:
+    for h in ("ct130", "ct131"):
+        fleet.fault(h, "libcuda-missing")
+    rc, doc, err = tool(fleet, *deploy_args("across", "a6000", "--canary", "0", "--batch", "100%", "--max-fail", "100%",
+                                            "--json"))
+    assert rc == 1, err
+    assert results(doc) == {"ct129": "ok", "ct130": "rolled-back", "ct131": "rolled-back"}
+    rc, diag, err = tool(fleet, "diagnose", "a6000", "--json")
+    assert rc == 1, err  # healthy again on known-good; the start before failed: a warning, grouped by cause
+    assert [(c["verdict"], c["cause"], c["hosts"]) for c in diag["causes"]] == [
+        ("degraded", "cuda_lib_load", ["ct130", "ct131"]), ("healthy", "-", ["ct129"])]
+    assert "libcuda.so.1" in diag["causes"][0]["evidence"]
+    rc, hist, err = tool(fleet, "history", "a6000", "--json")
+    assert rc == 0, err
+    rows = {h["host"]: h for h in hist["hosts"]}
+    assert rows["ct129"]["current"] == by_host(doc)["ct129"]["target_release"]
+    for h in ("ct130", "ct131"):
+        assert rows[h]["current"] == rows[h]["known_good"] == by_host(doc)[h]["release"]
+        assert rows[h]["last"].startswith(f"rollback {rows[h]['known_good']} healthy")
+    rc, smoke, err = tool(fleet, "smoke", "a6000", "--json", "--lock-file", "/tmp/ddtree-fleet-test-smoke.lock",
+                          "--state-dir", "/tmp/ddtree-fleet-test-smoke")
+    assert rc == 0 and [h["host"] for h in smoke["hosts"]] == ["ct129", "ct130", "ct131"], err
+    rc, table, err = tool(fleet, "lock", "status", "a6000")
+    assert rc == 0 and [ln.split()[:2] for ln in table.splitlines()[1:]] == [[h, "free"] for h in
+                                                                             ("ct129", "ct130", "ct131")]

@@ -322,3 +322,21 @@ def test_an_idle_servers_zero_gauges_are_no_data_not_a_collapse(profiles: dict[s
     assert r.state is NagiosExit.OK, r.reasons
     assert smoke.parse_metrics_accept(metrics(0.0).decode()) is None
     assert smoke.accept_length({"spec_accept_length": 0.0}) is None
+
+
+def test_fifty_hosts_stay_readable(profiles: dict[str, Any]) -> None:
+    """Past a handful of hosts the OK ones fold: the status line names the others and counts the OK
+    ones; the long output gives an OK host one line and a failing one its checks."""
+    names = [f"gpu-{i:02d}" for i in range(1, 51)]
+    p = profiles["ct129"]
+    fakes = {n: FakeHost(name=n) for n in names}
+    fakes["gpu-17"] = FakeHost(name="gpu-17", routes={"POST /generate": ok(generate_body(accept=1.0), 0.4)})
+    results = smoke.check_hosts([smoke.Target(n, p.model_copy(update={"name": n})) for n in names], connector(fakes))
+    head = smoke.status_line(results).split(" | ")[0]
+    assert head == "DDTREE-SMOKE CRITICAL - gpu-17: accept_len 1.00 < 1.1 (draft path broken); 49 of 50 hosts OK"
+    details = smoke.detail_lines(results)
+    assert len([d for d in details if not d.startswith(" ")]) == 50
+    assert details[0].startswith("gpu-01 [nextn]: OK (") and "accept_len 2.67" in details[0]
+    block = details[details.index(next(d for d in details if d.startswith("gpu-17"))):][:3]
+    assert block[0].startswith("gpu-17 [nextn]: CRITICAL") and block[1].startswith("  unit: OK")
+    assert len(details) == 49 + 1 + len(results[16].checks)

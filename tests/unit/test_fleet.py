@@ -278,3 +278,21 @@ def test_the_json_document_has_one_entry_per_host(monkeypatch: pytest.MonkeyPatc
     lines = fleet.summary_lines(out)
     assert lines[0].split() == ["HOST", "WAVE", "RESULT", "TIME", "RELEASE", "CAUSE"] and len(lines) == 7
     assert lines[1].split()[:3] == ["h1", "canary", "ok"]
+
+
+def test_fifty_hosts_one_line_each_and_causes_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Script({"g07": "rolled-back", "g08": "rolled-back", "g09": "rolled-back"}, delay=0.0)
+    base = load_profile("ct129", directory=REPO / "profiles")
+    many = [fleet.Target(f"g{i:02d}", base.model_copy(update={"name": f"g{i:02d}"}), f"r{i}", "A6000")
+            for i in range(1, 51)]
+    with scripted(monkeypatch, s):
+        out = fleet.deploy_fleet(many, nowhere, fleet.Options("dflash", Rollout(batch=(Size(percent=10),),
+                                                                             max_fail=Size(percent=10)),
+                                                              assume_yes=True))
+    lines = fleet.summary_lines(out)
+    assert len(lines) == 51 and len({ln.split()[0] for ln in lines[1:]}) == 50
+    assert max(len(ln) for ln in lines) < 160
+    assert [len(w) for w in out.waves] == [1] + [5] * 9 + [4]  # 10% of 50: waves of 5
+    assert fleet.causes(out.hosts) == [("cuda_lib_load", ["g07", "g08", "g09"], "fix LD_LIBRARY_PATH")]
+    assert out.stopped is None  # 3 failures of 50: within the 10% budget (5)
+    assert out.to_json()["counts"] == {"ok": 47, "rolled-back": 3}
