@@ -385,7 +385,10 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
         out.hosts.sort(key=lambda h: (h.wave if h.wave is not None else -1, order[h.host]))
         return out
 
-    # 1. preflight everything, side by side; nothing changes
+    # 1. preflight everything, side by side; nothing changes. Meanwhile the gate's signature
+    # catalogue compiles once (about a second), not in every host's thread of the first wave.
+    warm = threading.Thread(target=_warm_gate, daemon=True, name="warm-catalogue")
+    warm.start()
     output.say(f"preflight of {len(names)} host{'s' if len(names) != 1 else ''} ({opts.mode}) ...")
     checked: dict[str, Checked] = {}
     for name, c, err in across(names, lambda n: check_one(by_name[n], opts.mode, connect), jobs=opts.jobs):
@@ -433,6 +436,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
             return finish()
 
     # 2. the canary, then the waves
+    warm.join()
     budget = opts.rollout.allowed_failures(len(plannable))
     with Interrupts() as intr:
         for i, wave in enumerate(out.waves):
@@ -464,6 +468,12 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
             if out.stopped and i < len(out.waves) - 1:
                 output.say(f"[bold yellow]stopping:[/] {output.escape(out.stopped)}")
     return finish()
+
+
+def _warm_gate() -> None:
+    from ddtree_ops.diagnose.classify import Scanner
+
+    Scanner()
 
 
 def _why_stopped(stopped: str) -> str:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The story of ddtree-ops, told by the tool itself on the built-in lab hosts (ct129, ct200).
+# The story of ddtree-ops, told by the tool itself on the built-in lab hosts (ct129, ct200, and four
+# more of the same two GPU classes for the fleet at the end).
 # Each step prints the command an operator would type, runs it, and checks the exit code the
 # design promises. The lab stays up afterwards for you to try commands.
 set -uo pipefail
@@ -22,8 +23,8 @@ run() {  # run EXPECTED_RC command...
 
 [ "$(id -u)" = 0 ] || { echo "demo: the lab needs root (network namespaces, systemd-nspawn)" >&2; exit 1; }
 
-step "Bring up two GPU hosts as real systemd + sshd machines (an SGLang stand-in serves in place of the GPU server)"
-run 0 ddtree-ops lab up
+step "Bring up six GPU hosts of two classes as real systemd + sshd machines (an SGLang stand-in serves in place of the GPU server)"
+run 0 ddtree-ops lab up --hosts 6
 eval "$(ddtree-ops lab env)"
 run 0 ddtree-ops lab status
 
@@ -47,6 +48,20 @@ step "What ct129 ran, and what it runs now"
 run 0 ddtree-ops history ct129
 run 0 ddtree-ops smoke ct129 ct200
 
+step "A fleet: group lab (a6000: ct129 ct130 ct131, pro6000: ct200 ct201 ct202), one line each in the lab's inventory"
+run 0 ddtree-ops profile show lab
+
+step "DFlash to the whole fleet: a canary with a stay window of its own, then waves of 2, one failure allowed; ct201's CUDA library is gone"
+run 0 ddtree-ops lab fault ct201 libcuda-missing
+run 1 ddtree-ops deploy lab --mode dflash --canary 1 --canary-stay 15 --batch 2 --max-fail 1 --yes \
+    --set gate.stay_healthy_s=5
+run 0 ddtree-ops lab fault ct201 clear
+
+step "Across the fleet: which hosts run what, and what went wrong where"
+run 0 ddtree-ops history lab
+run 1 ddtree-ops diagnose lab
+run 0 ddtree-ops rollback lab
+
 cat <<MSG
 
 ${bold}What this showed${off}
@@ -55,10 +70,13 @@ ${bold}What this showed${off}
   - ct129's first attempt never touched the host: preflight predicted the KV pool and refused.
   - the second attempt failed within seconds of its crash line, was rolled back to the NEXTN
     known-good release automatically, and the cause (a CUDA library that will not load) was named.
+  - the fleet deploy went canary first; ct201 failed its gate and was rolled back on its own while
+    the rest carried on within the budget of one failure; one table said who runs what, and why.
 
 The lab is still up. Try:
   eval "\$(ddtree-ops lab env)"
   ddtree-ops diagnose ct129 --json | head -40
   ddtree-ops deploy ct129 --mode dflash --dry-run
+  ddtree-ops deploy pro6000 --mode nextn --dry-run   # a group: preflight of every host, the plan
   ddtree-ops lab down            # stops every container and removes namespaces, mounts and links
 MSG
