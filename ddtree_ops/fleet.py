@@ -215,6 +215,8 @@ class FleetOutcome:
 
     @property
     def exit_code(self) -> int:
+        if self.dry_run:  # as a single host's --dry-run: 0 the plan stands, 3 a host would be refused
+            return int(DeployExit.REFUSED) if any(h.result == REFUSED for h in self.hosts) else int(DeployExit.OK)
         return exit_code([h.result for h in self.hosts])
 
     @property

@@ -3,8 +3,9 @@
 `lab`: the lab hosts ct129 and ct200 (real systemd + journald + sshd in nspawn containers, the SGLang
 stand-in), brought up once per session if they are not already up, reused if they are, and taken down
 at the end only when this session started them and DDTREE_LAB_KEEP is not set. Mark tests that use it
-`@pytest.mark.lab`. API (ddtree_ops.lab.api.Lab): `lab.ssh_config`, `lab.hosts`, `lab.connect(host)`,
-`lab.fault(host, name)`, `lab.clear(host)`, `lab.restore(host)`, `lab.exec(host, argv)`, `lab.env`.
+`@pytest.mark.lab`. API (ddtree_ops.lab.api.Lab): `lab.ssh_config`, `lab.hosts`, `lab.grow(n)` (more hosts:
+the fleet tests use six), `lab.inventory`, `lab.connect(host)`, `lab.fault(host, name)`, `lab.clear(host)`,
+`lab.restore(host)`, `lab.exec(host, argv)`, `lab.env`.
 """
 
 from __future__ import annotations
