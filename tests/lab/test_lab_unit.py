@@ -109,3 +109,19 @@ def test_recipe_id_is_stable_and_the_payload_is_complete() -> None:
     facts = payload.gpu_facts("ct200", type("G", (), {"arch": "sm_120", "model": "NVIDIA RTX PRO 6000 Blackwell",
                                                      "memory_mib": 97887})())
     assert facts["compute_cap"] == "12.0" and facts["power_limit_w"] == 600 and facts["uuid"].startswith("GPU-")
+
+
+def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_path: Path) -> None:
+    from ddtree_ops.inventory import Inventory
+
+    hosts = machine.lab_hosts(6)
+    assert hosts == ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]
+    assert [machine.address_of(h) for h in hosts[2:4]] == ["10.200.0.130", "10.200.0.201"]
+    path = tmp_path / "inventory.yml"
+    path.write_text(machine.inventory_text(hosts, "ddtree-ops lab up --hosts 6"))
+    inv = Inventory.load(Path(__file__).resolve().parents[2] / "profiles", path)
+    assert inv.members("lab") == hosts
+    assert inv.members("a6000") == ["ct129", "ct130", "ct131"] and inv.members("pro6000") == ["ct200", "ct201", "ct202"]
+    assert (inv.profile("ct130").gpu.arch, inv.profile("ct202").gpu.arch) == ("sm_86", "sm_120")
+    with pytest.raises(Exception, match="1 to 64"):
+        machine.lab_hosts(65)
