@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "logcorpus"
+CORPUS = REPO / "tests" / "data" / "logcorpus"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 QUIET = ("healthy", "benign_warning")  # labels whose logs must give root_cause null
 

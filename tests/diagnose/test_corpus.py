@@ -1,4 +1,4 @@
-"""Every real log in ../shared/logcorpus and every synthetic fixture, in three forms each.
+"""Every real log in tests/data/logcorpus and every synthetic fixture, in three forms each.
 
 The label, the line and the evidence are what an operator reads first; each is asserted against
 INDEX.md (real logs) or the fixture's name (synthetic ones).
@@ -30,7 +30,7 @@ def _wrapped(path: Path, form: str) -> list[bytes]:
 
 
 def test_corpus_is_present() -> None:
-    # CI has ../shared/logcorpus at the same relative path; an empty corpus would pass vacuously
+    # the corpus ships in the repository; an empty corpus would pass vacuously
     assert len(corpus_logs()) >= 18
 
 
