@@ -162,7 +162,8 @@ def _progress(label: str) -> Callable[[gating.GateState, gating.Observation], No
         if state.phase != last["phase"] or obs.t - last["t"] >= 10:
             last["phase"], last["t"] = state.phase, obs.t
             if state.status is gating.Status.WAIT:
-                output.say(f"  [{label}] {obs.t:5.1f}s of {state.cfg.deadline_s:g}s: waiting for "
+                # "\[": the label is text, not rich markup (unescaped, "[nextn]" vanished as a style tag)
+                output.say(f"  \\[{label}] {obs.t:5.1f}s of {state.cfg.deadline_s:g}s: waiting for "
                            f"{state.waiting_for()} (unit {obs.unit.active}/{obs.unit.sub})", style="dim")
 
     return show
@@ -269,7 +270,9 @@ def resolve_interrupted(host: Host, p: Profile, layout: Layout, state: releases.
 
 def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_yes: bool = False,
            confirm: Callable[[str], bool] | None = None, force_restart: bool = False,
-           lock_wait_s: float = 0) -> Outcome:
+           lock_wait_s: float = 0, on_plan: Callable[[Outcome], None] | None = None) -> Outcome:
+    """`on_plan(out)` is called once the preflight and the diff are decided (out.preflight, out.diff),
+    before any confirmation or change, so an operator reads the plan before the gate's progress."""
     t0 = time.monotonic()
     rendered = render(p, mode)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
@@ -287,6 +290,8 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         pf = run_preflight(host, p, mode, rendered, layout, plugin.version if plugin else "")
         out.preflight, out.timings["preflight"] = pf, time.monotonic() - t0
         out.diff = make_diff(rendered, pf, set(p.service.secrets))
+        if on_plan:
+            on_plan(out)
         pending = releases.read_pending(host, layout)
         if pending:
             out.events.append(f"an interrupted {pending.get('action')} of {pending.get('release_id')} would be "
@@ -307,6 +312,8 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         pf = run_preflight(host, p, mode, rendered, layout, plugin.version if plugin else "")
         out.preflight, out.timings["preflight"] = pf, time.monotonic() - t_pf
         out.diff = make_diff(rendered, pf, set(p.service.secrets))
+        if on_plan:
+            on_plan(out)
         if pf.failed:
             out.reason = "preflight refused the deploy: " + "; ".join(f"{c.name}: {c.detail}" for c in pf.failed)
             return finish()

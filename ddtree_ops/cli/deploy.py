@@ -37,28 +37,39 @@ def deploy_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.
     p = load(host, set_, profiles)
     p.mode(mode)  # an unconfigured mode is a usage error before any connection
     with connect(p, ssh_config) as h:
+        # the plan is printed when it is decided: before the confirmation, the restart and the gate
         out = deploy(h, p, mode, dry_run=dry_run, assume_yes=yes,
                      confirm=confirm if interactive() and not as_json else None, force_restart=force_restart,
-                     lock_wait_s=lock_wait)
+                     lock_wait_s=lock_wait, on_plan=None if as_json else show_plan)
     show(out, as_json=as_json)
     return int(out.exit_code)
 
 
+def show_plan(out: "Outcome") -> None:
+    """The preflight table, and the diff when the deploy may go ahead."""
+    from rich.markup import escape
+
+    from ddtree_ops import output
+
+    pf = out.preflight
+    if pf is None:
+        return
+    output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
+    marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+    for c in pf.checks:
+        output.say(f"  {marks[c.status]} {c.name:<13} {escape(c.detail)}")
+    if out.diff and pf.ok:
+        output.say("[bold]changes:[/]")
+        output.err().print(out.diff, markup=False, highlight=False, style=None)
+
+
 def show(out: "Outcome", *, as_json: bool) -> None:
+    """The outcome, after the plan (`show_plan`, printed while deploying) and the gate's progress."""
     from ddtree_ops import output
 
     if as_json:
         output.emit_json(out.to_json())
         return
-    pf = out.preflight
-    if pf is not None:
-        output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
-        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
-        for c in pf.checks:
-            output.say(f"  {marks[c.status]} {c.name:<13} {c.detail}")
-    if out.diff and out.result in ("dry-run", "ok", "rolled-back", "degraded"):
-        output.say("[bold]changes:[/]")
-        output.err().print(out.diff, markup=False, highlight=False, style=None)
     for e in out.events:
         output.say(f"  {e}")
     if out.diagnosis:
