@@ -180,7 +180,10 @@ def rollback_to(host: Host, p: Profile, layout: Layout, release: StoredRelease, 
                 current: str | None) -> gating.GateResult:
     mode = release.meta.get("mode", p.known_good_mode)
     rid = release.release_id
-    output.say(f"{host.name}: rolling back to {rid} ({mode}): {why}", style="bold yellow")
+    from rich.markup import escape
+
+    # `why` quotes the journal: text, not markup
+    output.say(f"{host.name}: rolling back to {rid} ({mode}): {escape(why)}", style="bold yellow")
     pre = Change().write(layout.pending, releases.pending_doc(rid, current, "rollback")).audit(
         layout, f"rollback {p.name} release={rid} reason={why!r}")
     started = install(host, release.meta.get("unit_path", unit_path_of(p)), release.unit,

@@ -64,27 +64,31 @@ def show_plan(out: "Outcome") -> None:
 
 
 def show(out: "Outcome", *, as_json: bool) -> None:
-    """The outcome, after the plan (`show_plan`, printed while deploying) and the gate's progress."""
+    """The outcome, after the plan (`show_plan`, printed while deploying) and the gate's progress.
+    Journal lines and reasons quoting them are text, never rich markup (a log's "[/...]" would crash it)."""
+    from rich.markup import escape
+
     from ddtree_ops import output
 
     if as_json:
         output.emit_json(out.to_json())
         return
     for e in out.events:
-        output.say(f"  {e}")
+        output.say(f"  {escape(e)}")
     if out.diagnosis:
         rc = out.diagnosis.get("root_cause")
         if rc:
-            output.say(f"[bold red]root cause:[/] {rc.get('label')} (line {rc.get('line')}): {rc.get('evidence')}")
+            output.say(f"[bold red]root cause:[/] {rc.get('label')} (line {rc.get('line')}): "
+                       f"{escape(str(rc.get('evidence')))}")
             if rc.get("remedy"):
-                output.say(f"[bold]remedy:[/] {rc['remedy']}")
+                output.say(f"[bold]remedy:[/] {escape(rc['remedy'])}")
         if out.evidence:
             output.say("[bold]journal of this start (last lines):[/]")
             for line in out.evidence[-12:]:
                 output.err().print("  " + line, markup=False, highlight=False)
     colour = {"ok": "green", "no-change": "green", "dry-run": "cyan", "rolled-back": "yellow",
               "degraded": "bold red", "refused": "red"}.get(out.result, "white")
-    output.say(f"[{colour}]{out.result.upper()}[/] {out.host} {out.mode}: {out.reason}")
+    output.say(f"[{colour}]{out.result.upper()}[/] {out.host} {out.mode}: {escape(out.reason)}")
     if out.result == "degraded":
         output.say(f"[bold red]{out.host} IS DEGRADED:[/] it is not serving a verified release. "
                    f"Inspect with `ddtree-ops diagnose {out.host}`; `ddtree-ops history {out.host}` lists releases.")

@@ -142,3 +142,30 @@ def test_json_keeps_stdout_one_document(fakes: list[str], capsys: pytest.Capture
     doc = json.loads(out)
     assert rc == 0 and doc["result"] == "ok" and [c["name"] for c in doc["preflight"]["checks"]] == ["gpu", "memory"]
     assert "preflight for" not in err
+
+
+def test_journal_text_in_the_verdict_and_rollback_prints_as_typed(
+        fakes: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from ddtree_ops.releases import StoredRelease
+
+    def gate(host: Any, p: Any, mode: str, **k: Any) -> gating.GateResult:
+        fakes.append("gate")
+        cfg = gating.GateConfig(deadline_s=900, stay_s=30, poll_s=0.25, http_timeout_s=10, speculative=True)
+        state = gating.GateState(cfg, scanner=None)
+        first = fakes.count("gate") == 1
+        state.status = gating.Status.FAIL if first else gating.Status.PASS
+        state.reason = "fatal log line: OSError: [/usr/lib] [rank0] libcuda.so.1" if first else "healthy"
+        return gating.GateResult(not first, state.reason, 3.0, state, 0.0)
+
+    monkeypatch.setattr(dep.gating, "run_gate", gate)
+    monkeypatch.setattr(dep, "explain_failure", lambda r: ({"root_cause": {
+        "label": "cuda_library_missing", "line": 7, "evidence": "OSError: [/usr/lib] [rank0] libcuda.so.1",
+        "remedy": "reinstall the driver [/x]"}}, []))
+    monkeypatch.setattr(dep, "_known_good_release", lambda *a: StoredRelease(
+        "nextn-old", INSTALLED_UNIT, "", {"mode": "nextn"}))
+    rc, _, err = _deploy(capsys, "--yes")
+    assert rc == 1 and fakes.count("restart") == 2 and "Traceback" not in err
+    assert "rolling back to nextn-old (nextn): gate failed: fatal log line: OSError: [/usr/lib] [rank0]" in err
+    assert "root cause: cuda_library_missing (line 7): OSError: [/usr/lib] [rank0] libcuda.so.1" in err
+    assert "remedy: reinstall the driver [/x]" in err
+    assert err.index("changes:") < err.index("rolling back") < err.index("ROLLED-BACK ct129 nextn")
