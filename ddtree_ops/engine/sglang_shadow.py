@@ -213,10 +213,18 @@ def head_rows(lm_head: Any, vocab: int | None) -> Any:
     return weight[:rows]
 
 
+def _runner(worker: Any) -> Any:
+    """The target's model runner: an attribute in 0.5.17, reached through DFlash's delegation to
+    the target worker elsewhere; None while the constructor has not set it up yet."""
+    try:
+        return getattr(worker, "model_runner", None)
+    except Exception:           # DFlashWorkerV2.__getattr__ before _target_worker exists
+        return None
+
+
 def capture_layers(worker: Any) -> Any:
     """The target layers whose hidden states SGLang captures for the draft (None if not set up)."""
-    runner = worker.__dict__.get("model_runner")
-    aux = getattr(runner, "spec_aux_config", None)
+    aux = getattr(_runner(worker), "spec_aux_config", None)
     return getattr(aux, "dflash_target_layer_ids", None)
 
 
@@ -229,7 +237,7 @@ class ShadowWorkerMixin:
             state = _ShadowState(self)
             self.__dict__["_ddtree_state"] = state
             logger.info("DDTREE shadow: budget %d, horizon %d, share %.3f", state.budget, state.horizon, state.share)
-        if not state.announced and "model_runner" in self.__dict__:
+        if not state.announced and _runner(self) is not None:
             state.announced = True
             logger.info(REGISTERED, capture_layers(self))
         return state
@@ -249,8 +257,7 @@ class ShadowWorkerMixin:
         st.stash = None
         if not st.on or st.coin.random() >= st.share:
             return out
-        runner = self.__dict__.get("model_runner")
-        vocab = getattr(getattr(runner, "model_config", None), "vocab_size", None)
+        vocab = getattr(getattr(_runner(self), "model_config", None), "vocab_size", None)
         rows = head_rows(lm_head, vocab)
         if rows is None:
             st.off_reason = "the LM head is sharded across tensor-parallel ranks or quantised"
