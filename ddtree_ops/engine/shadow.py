@@ -21,9 +21,10 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ddtree_ops.engine.tree import Tree
+if TYPE_CHECKING:       # the accounting itself runs on lists: no torch needed to import it
+    from ddtree_ops.engine.tree import Tree
 
 PROMOTE, KEEP_CHAIN, INCONCLUSIVE = "promote-tree", "keep-chain", "inconclusive"
 
