@@ -53,7 +53,7 @@ def up(paths: Paths | None = None, *, hosts: Sequence[str] = HOSTS, seed: bool =
     """Build (once) and boot the lab; returns phase timings in seconds."""
     paths = paths or Paths.default()
     _sys.require_root()
-    _sys.require_tools()
+    _sys.require_tools(log=log)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     if is_up(paths, hosts):
