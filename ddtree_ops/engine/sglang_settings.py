@@ -31,7 +31,8 @@ DEFAULT_WARN_AFTER = 500       # verify rounds with nothing accounted before the
 # listed here is refused at preflight and at server start: an unchecked release could run
 # "shadow mode" for a week and measure nothing, as 0.5.17 did before it was listed.
 SUPPORTED: dict[str, str] = {
-    "0.5.17": "served on an NVIDIA H200 (bench/realsglang; logs in tests/data/real-sglang/0.5.17)",
+    "0.5.17": ("registered and served DDTREE on an NVIDIA H200 (tests/data/real-sglang/0.5.17); the shadow "
+               "hook checked against its DFlashWorkerV2 source"),
     "0.5.23": "checked on CPU: sglang's parser, plugin loader, spec predicates and DFlashWorkerV2 source",
 }
 

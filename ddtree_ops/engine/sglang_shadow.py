@@ -161,31 +161,51 @@ class _ShadowState:
 
     def after_round(self) -> None:
         self.verify_rounds += 1
-        if not self.accounted and self.verify_rounds >= self.warn_after:
-            self.once("silent", SILENT, self.verify_rounds, self.silence_reason())
+        if not self.accounted and self.verify_rounds >= self.warn_after and "silent" not in self.warned:
+            reason = self.silence_reason()
+            self.once("silent", SILENT, self.verify_rounds, reason)
+            self.metrics.silent(self.verify_rounds, reason)
 
 
 class _Metrics:
-    """Prometheus gauges, if prometheus_client is importable (SGLang depends on it)."""
+    """Prometheus gauges, if prometheus_client is importable (SGLang depends on it). One set per
+    process: SGLang's /metrics reads every scheduler's through its multiprocess directory."""
+
+    _shared: dict[str, Any] | None = None
 
     def __init__(self, horizon: int) -> None:
-        self.gauges: dict[str, Any] = {}
+        if _Metrics._shared is None:
+            _Metrics._shared = self._create()
+        self.gauges = _Metrics._shared
+
+    @staticmethod
+    def _create() -> dict[str, Any]:
         try:
             from prometheus_client import Gauge
         except ImportError:
-            return
+            return {}
         mode = {"multiprocess_mode": "mostrecent"} if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else {}
+        gauges: dict[str, Any] = {}
         try:
             for name, doc in (("rounds", "verify rounds accounted"),
                               ("tau_chain", "tokens per round committed by the DFlash chain"),
                               ("tau_tree_lower", "lower bound on the DDTree tree's tokens per round"),
-                              ("promote", "1 promote the tree, 0 inconclusive, -1 keep the chain")):
-                self.gauges[name] = Gauge(f"ddtree_shadow_{name}", doc, **mode)
-            self.gauges["sibling_hits"] = Gauge("ddtree_shadow_sibling_hits",
-                                                "rounds whose tree path took a sibling at this depth",
-                                                ["depth"], **mode)
-        except ValueError:      # registered already in this process (a second worker)
-            self.gauges = {}
+                              ("promote", "1 promote the tree, 0 inconclusive, -1 keep the chain"),
+                              ("verify_rounds", "verify rounds DFlash ran")):
+                gauges[name] = Gauge(f"ddtree_shadow_{name}", doc, **mode)
+            gauges["sibling_hits"] = Gauge("ddtree_shadow_sibling_hits",
+                                           "rounds whose tree path took a sibling at this depth", ["depth"], **mode)
+            # what `smoke` reads: 1 once the worker has said that nothing is being accounted
+            gauges["silent"] = Gauge("ddtree_shadow_silent", "1: verify rounds ran and none was accounted",
+                                     ["reason"], **mode)
+        except ValueError:      # registered by someone else in this process
+            return {}
+        return gauges
+
+    def silent(self, verify_rounds: int, reason: str) -> None:
+        if self.gauges:
+            self.gauges["silent"].labels(reason=reason[:120]).set(1)
+            self.gauges["verify_rounds"].set(verify_rounds)
 
     def publish(self, rep: Any) -> None:
         if not self.gauges:

@@ -195,6 +195,12 @@ def test_silent_shadow_is_said_once_with_its_reason(monkeypatch: pytest.MonkeyPa
     said = [r.getMessage() for r in caplog.records if "no round accounted" in r.getMessage()]
     assert said == [SILENT % (3, w._ddtree().silence_reason())]
     assert "draft head never ran" in said[0]
+    # and what smoke reads from /metrics says the same
+    from prometheus_client import REGISTRY, generate_latest
+
+    exposed = generate_latest(REGISTRY).decode()
+    assert 'ddtree_shadow_silent{reason="the draft head never ran' in exposed
+    assert "ddtree_shadow_verify_rounds 3.0" in exposed
 
 
 def test_heap_spine_bound_is_the_tree_walk() -> None:
