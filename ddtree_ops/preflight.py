@@ -265,9 +265,16 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
     else:
         pf.add("launch-flags", OK, f"accepted by sglang {doc['sglang']}'s own parser on the host")
     if algo:
+        from ddtree_ops.engine.sglang_settings import version_problem
+
         installed = doc.get("ddtree-ops")
         alg = doc.get("algorithm") or {}
-        if installed != plugin_version:
+        unsupported = version_problem(doc["sglang"])
+        if unsupported:
+            pf.add("plugin", FAIL, f"{unsupported}: the DFlash worker the shadow hooks into differs between "
+                                   "releases; install a supported sglang in the host venv, or a ddtree-ops that "
+                                   "lists this one")
+        elif installed != plugin_version:
             pf.plugin_needed = True
             pf.add("plugin", OK, f"ddtree plugin {installed or 'not installed'} in {python}: this deploy installs "
                                  f"{plugin_version}")
