@@ -37,7 +37,7 @@ stage() {  # stage "what it does" command...
     echo "make install: $what"
     if ! "$@" >"$log" 2>&1; then
         filter "$log" >&2
-        echo "make install: failed while $what (exit status above); nothing after this stage ran" >&2
+        echo "make install: failed while $what (pip's output above); the stages after it did not run" >&2
         exit 1
     fi
     filter "$log" >&2
