@@ -68,6 +68,10 @@ MAX_TEXT_CHARS = 2000  # what a finding keeps of its line
 MAX_PER_RULE = 50  # findings kept per rule (the rest are counted): a 1 GB journal stays small
 MAX_MEMO = 1 << 16  # message shapes remembered (then forgotten at once: a flood has few shapes)
 LOOKBACK_BYTES = 1 << 16  # how far back a stop or start of the unit is looked for before shutdown noise
+ORPHAN_BYTES = 1 << 15  # how far back the frames of a traceback without its header are read
+ORPHAN_LINES = 400
+# a line that can end a traceback: what the frames before it were raising
+_EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 ACCEPT_LOW = 1.10  # below this the drafter is not helping
 ACCEPT_STREAK = 3  # consecutive decode reports at exactly 1.00 that mean "capture is missing"
 
@@ -593,6 +597,7 @@ class Scanner:
         self._cur = 0
         self._seen_to = 0  # the block was looked back at up to here
         self._carry = b""  # the end of the previous block that was not looked back at
+        self._tail = b""  # the last ORPHAN_BYTES of the previous blocks
         self._block: tuple[int, int, list[int] | None] = (0, 0, None)  # start, line base, line map
 
     # ---------------------------------------------------------------- public API
@@ -747,6 +752,8 @@ class Scanner:
         # what was not looked back at yet: its end may hold a stop that explains the next block
         tail_from = max(self._seen_to, end - LOOKBACK_BYTES)
         self._carry = buf[tail_from:end] if tail_from < end else b""
+        # the last lines of the block, for frames whose exception line opens the next one
+        self._tail = (self._tail + buf[max(start, end - ORPHAN_BYTES):end])[-ORPHAN_BYTES:]
         self._buf = b""
         if physical is not None:
             self._line = base + physical
@@ -780,6 +787,40 @@ class Scanner:
                 if rule.context in ("start", "stop") and rule.search(text):
                     self._note_context(rule, text, self._lineno_at(lo + ls - carried) if ls >= carried else 0)
                     break
+
+    def _adopt_orphan_frames(self, lineno: int) -> None:
+        """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
+        to a rate limit): the frames before it are read back, so where it was raised is known."""
+        if self._buf:
+            cur, block_start = self._cur, self._block[0]
+            # the previous blocks' tail joins on only where this block's start is within reach
+            region = (self._tail + self._buf[block_start:cur] if cur - block_start < ORPHAN_BYTES
+                      else self._buf[cur - ORPHAN_BYTES:cur])
+        else:
+            region = self._tail
+        end = len(region)
+        back: list[str] = []
+        frames = 0
+        while end > 0 and len(back) < ORPHAN_LINES:
+            s = region.rfind(b"\n", 0, end - 1) + 1 if end > 0 else 0
+            line = region[s:end].rstrip(b"\n")
+            text, _ = journal.clean_line(line.decode("utf-8", "replace"))
+            if journal.is_frame(text):
+                frames += 1
+            elif not (text[:1] in (" ", "\t") or not text.strip() or journal.is_caret(text)):
+                break
+            back.append(text)
+            if s == 0:
+                break
+            end = s
+        while back and not journal.is_frame(back[-1]):
+            back.pop()  # the group starts at its first frame
+        if not frames or not back:
+            return
+        start = lineno - len(back)
+        self._tb.step(journal.TRACEBACK_HEADER, True, start)
+        for text in reversed(back):
+            self._tb.step(text, False, start)
 
     def _lineno_at(self, offset: int) -> int:
         """The input line number of the line at `offset` of the current block."""
@@ -825,6 +866,8 @@ class Scanner:
                     return
         text, new_record = journal.clean_line(raw.decode("utf-8", "replace"))
         was_open = self._tb.open
+        if not was_open and _EXC_START.match(text) and (self._buf or self._tail):
+            self._adopt_orphan_frames(lineno)
         group, kind = self._tb.step(text, new_record, lineno)
         if was_open and group is None:
             self._settle_group()

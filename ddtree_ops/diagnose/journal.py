@@ -183,6 +183,14 @@ class Frame:
         return f"{path}:{self.line}" + (f" in {self.func}" if self.func else "")
 _CARET = re.compile(r"\s*[\^~]+\s*$")
 
+def is_frame(text: str) -> bool:
+    return _FRAME.match(text) is not None
+
+
+def is_caret(text: str) -> bool:
+    return _CARET.match(text) is not None
+
+
 IDLE, FRAMES, EXC, EXC_BLANK, CHAIN = "idle", "frames", "exc", "exc_blank", "chain"
 _MAX_MESSAGE_LINES = 80
 _MAX_GROUP_LINES = 4000
