@@ -25,7 +25,8 @@ def _need_torch() -> None:
         from ddtree_ops.errors import OpsError
 
         raise OpsError(f"the engine needs torch and transformers ({exc.name} is missing)",
-                       hint="pip install 'ddtree-ops[engine]' (torch: the CPU wheel is enough)") from None
+                       hint="torch first, the CPU build is enough (pip install torch==2.13.0 --index-url "
+                            "https://download.pytorch.org/whl/cpu), then pip install 'ddtree-ops[engine]'") from None
 
 
 def _need_smollm2() -> None:
