@@ -3,40 +3,40 @@ SHELL := /bin/bash
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-sglang-cpu.txt | sha256sum | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-sglang-cpu.txt scripts/install.sh | sha256sum | cut -c1-12)
 
-.PHONY: install test test-fast test-lab demo bench golden lab-down clean help
+.PHONY: install packages test test-fast test-lab demo bench golden lab-down clean help
 
 help:
 	@echo "make demo       bring up the lab (ct129, ct200) and tell the story with the tool itself"
 	@echo "make test       every test: unit, SSH, engine, lab (real systemd + sshd hosts)"
 	@echo "make test-fast  the tests that need no lab hosts"
+	@echo "make packages   the lab's Debian packages (root installs them; otherwise the command is printed)"
 	@echo "make bench      benchmarks (figures go to BENCHMARKS.md by hand)"
 	@echo "make golden     refresh the golden unit files after an intended rendering change"
 
+# one line per stage; pip's output only when a stage fails (scripts/install.sh says what it filters)
 $(STAMP):
-	$(PY) -m venv $(VENV)
-	# torch first, from the CPU wheel: a plain `torch` requirement would pull a multi-GB CUDA build
-	$(BIN)/pip install --quiet --disable-pip-version-check torch==2.13.0
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[engine,test]'
-	# sglang pins a CUDA torch: install it without deps, plus what its parser and plugin loader import
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps -r requirements-sglang-cpu.txt
-	$(BIN)/pip install --quiet --disable-pip-version-check orjson pybase64 requests starlette anyio msgspec \
-		pyzmq tqdm IPython aiohttp pillow
-	touch $@
+	@scripts/install.sh "$(PY)" "$(VENV)"
+	@touch $@
 
 install: $(STAMP)
 
-test: install
+# the lab's Debian packages (debootstrap, systemd-container, OpenSSH, iproute2, systemd-analyze):
+# installed when missing if root, else one line naming the apt-get command; silent when all is there
+packages: install
+	@$(BIN)/python -m ddtree_ops.lab._sys packages
+
+test: packages
 	$(BIN)/python -m pytest
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not lab"
 
-test-lab: install
+test-lab: packages
 	$(BIN)/python -m pytest -m lab
 
-demo: install
+demo: packages
 	PATH="$(abspath $(BIN)):$$PATH" scripts/demo.sh
 
 bench: install

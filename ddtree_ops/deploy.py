@@ -166,6 +166,7 @@ def _progress(label: str, abort: Callable[[], bool] | None = None
         if state.phase != last["phase"] or obs.t - last["t"] >= 10:
             last["phase"], last["t"] = state.phase, obs.t
             if state.status is gating.Status.WAIT:
+                # "\[": the label is text, not rich markup (unescaped, "[nextn]" vanished as a style tag)
                 output.say(f"  \\[{label}] {obs.t:5.1f}s of {state.cfg.deadline_s:g}s: waiting for "
                            f"{state.waiting_for()} (unit {obs.unit.active}/{obs.unit.sub})", style="dim")
 
@@ -183,7 +184,10 @@ def rollback_to(host: Host, p: Profile, layout: Layout, release: StoredRelease, 
                 current: str | None) -> gating.GateResult:
     mode = release.meta.get("mode", p.known_good_mode)
     rid = release.release_id
-    output.say(f"{host.name}: rolling back to {rid} ({mode}): {why}", style="bold yellow")
+    from rich.markup import escape
+
+    # `why` quotes the journal: text, not markup
+    output.say(f"{host.name}: rolling back to {rid} ({mode}): {escape(why)}", style="bold yellow")
     pre = Change().write(layout.pending, releases.pending_doc(rid, current, "rollback")).audit(
         layout, f"rollback {p.name} release={rid} reason={why!r}")
     started = install(host, release.meta.get("unit_path", unit_path_of(p)), release.unit,
@@ -277,11 +281,13 @@ STOPPED = "stopped before any change: the rollout was interrupted"
 
 def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_yes: bool = False,
            confirm: Callable[[str], bool] | None = None, force_restart: bool = False,
-           lock_wait_s: float = 0, stop: Callable[[], bool] | None = None,
-           abort: Callable[[], bool] | None = None) -> Outcome:
-    """One host's transaction. A fleet passes `stop` (checked just before the host is changed:
-    true leaves it untouched) and `abort` (checked while the new release is gated: true rolls it
-    back, as Ctrl-C does for a single deploy)."""
+           lock_wait_s: float = 0, on_plan: Callable[[Outcome], None] | None = None,
+           stop: Callable[[], bool] | None = None, abort: Callable[[], bool] | None = None) -> Outcome:
+    """`on_plan(out)` is called once the preflight and the diff are decided (out.preflight, out.diff),
+    before any confirmation or change, so an operator reads the plan before the gate's progress.
+    A fleet passes `stop` (checked just before the host is changed: true leaves it untouched) and
+    `abort` (checked while the new release is gated: true rolls it back, as Ctrl-C does for a
+    single deploy)."""
     t0 = time.monotonic()
     rendered = render(p, mode)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
@@ -299,6 +305,8 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         pf = run_preflight(host, p, mode, rendered, layout, plugin.version if plugin else "")
         out.preflight, out.timings["preflight"] = pf, time.monotonic() - t0
         out.diff = make_diff(rendered, pf, set(p.service.secrets))
+        if on_plan:
+            on_plan(out)
         pending = releases.read_pending(host, layout)
         if pending:
             out.events.append(f"an interrupted {pending.get('action')} of {pending.get('release_id')} would be "
@@ -319,6 +327,8 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         pf = run_preflight(host, p, mode, rendered, layout, plugin.version if plugin else "")
         out.preflight, out.timings["preflight"] = pf, time.monotonic() - t_pf
         out.diff = make_diff(rendered, pf, set(p.service.secrets))
+        if on_plan:
+            on_plan(out)
         if pf.failed:
             out.reason = "preflight refused the deploy: " + "; ".join(f"{c.name}: {c.detail}" for c in pf.failed)
             return finish()

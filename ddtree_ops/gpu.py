@@ -23,6 +23,12 @@ def unit_of(pid):
         return None
     m = re.findall(r"/([^/\n]+\.service)", text)
     return m[-1] if m else None
+def comm_of(pid):
+    # NVML gives PIDs only; nvidia-smi names them, and a stray process must be named either way
+    try:
+        return open("/proc/%d/comm" % pid).read().strip()
+    except OSError:
+        return ""
 try:
     import pynvml
     pynvml.nvmlInit()
@@ -63,6 +69,7 @@ if out["source"] is None:
         out["errors"].append("nvidia-smi: %s" % exc)
 for app in out["apps"]:
     app["unit"] = unit_of(app["pid"])
+    app["name"] = comm_of(app["pid"])
 out["pid_units"] = {}
 for line in out.get("smi_apps", "").splitlines():
     parts = [p.strip() for p in line.split(",")]

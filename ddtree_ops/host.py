@@ -1,8 +1,9 @@
 """The one interface through which the tool touches a host.
 
 Everything that decides is a pure function over observations; everything that observes or
-changes a host goes through `Host`. The SSH implementation lives in `ssh.py`; unit tests
-inject fakes, integration tests use the lab hosts over real SSH.
+changes a host goes through `Host`. The SSH implementation lives in `ssh.py`, the local one (the
+tool on the GPU host itself, `host.transport: local`) in `local.py`; `connect` picks by profile.
+Unit tests inject fakes, integration tests use the lab hosts over real SSH.
 """
 
 from __future__ import annotations
@@ -126,3 +127,15 @@ class LineStream(Protocol):
 
     def __exit__(self, *exc: object) -> None:
         ...
+
+
+def connect(profile: Any, *, ssh_config: str | None = None, strict: bool | None = None) -> Host:
+    """The one connection a command uses for a host, by the profile's transport (use it as a
+    context manager)."""
+    if profile.host.transport == "local":
+        from ddtree_ops.local import LocalHost
+
+        return LocalHost(profile.name, use_sudo=profile.host.sudo)
+    from ddtree_ops.ssh import connect as ssh_connect
+
+    return ssh_connect(profile, ssh_config=ssh_config, strict=strict)

@@ -166,7 +166,7 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
         # the draft's own KV pool has the target's token capacity (EAGLE/NEXTN and DFlash alike)
         draft_cell = memory.model_shape(draft_cfg).cell_bytes(p.memory.kv_cache_dtype)
         if isinstance(cfg, (DflashMode, DDTreeShadowMode)):
-            _check_dflash_draft(pf, cfg, draft, draft_cfg, target.layers)
+            _check_dflash_draft(pf, cfg, draft, draft_cfg, target_cfg)
         else:
             pf.add("draft", OK, f"{draft}: {memory.model_shape(draft_cfg).layers}-layer draft")
     pf.memory = memory.plan(
@@ -199,20 +199,24 @@ def _free_for_service(pf: Preflight, p: Profile) -> int:
 
 
 def _check_dflash_draft(pf: Preflight, cfg: DflashMode | DDTreeShadowMode, draft: str, draft_cfg: dict[str, Any],
-                        target_layers: int) -> None:
+                        target_cfg: dict[str, Any]) -> None:
+    """The draft's captured layers against what the target architecture captures (one rule with
+    `diagnose HOST`: `draftcheck`), then its trained block size against the profile's."""
+    from ddtree_ops.draftcheck import check_target_layer_ids
+
+    layers = check_target_layer_ids(draft_cfg, target_cfg)
     dflash = draft_cfg.get("dflash_config") or {}
-    ids = dflash.get("target_layer_ids")
     block = draft_cfg.get("block_size") or dflash.get("block_size")
-    if not ids:
-        pf.add("draft", WARN, f"{draft}/config.json has no dflash_config.target_layer_ids: SGLang falls back to "
-                              "evenly spaced layers the draft was not trained on, and acceptance collapses to ~1.0")
-    elif not all(isinstance(i, int) and 0 <= i < target_layers for i in ids):
-        pf.add("draft", FAIL, f"{draft}: dflash_config.target_layer_ids {ids} are not all within the target's "
-                              f"{target_layers} layers")
+    if layers.status == "fail":
+        pf.add("draft", FAIL, f"{draft}: {layers.detail} (a draft asking for them dies at the first request with "
+                              "'DFLASH target_hidden feature dim mismatch')")
     elif block and int(block) != cfg.block_size:
         pf.add("draft", FAIL, f"{draft}: the draft was trained with block_size {block}, the profile sets "
                               f"{cfg.block_size} (--speculative-num-draft-tokens)")
+    elif layers.status == "warn":
+        pf.add("draft", WARN, f"{draft}: {layers.detail}")
     else:
+        ids = list(layers.layer_ids or ())
         pf.add("draft", OK, f"{draft}: DFlash draft, {len(ids)} captured target layers {ids}, block {block or cfg.block_size}")
 
 
@@ -265,9 +269,16 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
     else:
         pf.add("launch-flags", OK, f"accepted by sglang {doc['sglang']}'s own parser on the host")
     if algo:
+        from ddtree_ops.engine.sglang_settings import version_problem
+
         installed = doc.get("ddtree-ops")
         alg = doc.get("algorithm") or {}
-        if installed != plugin_version:
+        unsupported = version_problem(doc["sglang"])
+        if unsupported:
+            pf.add("plugin", FAIL, f"{unsupported}: the DFlash worker the shadow hooks into differs between "
+                                   "releases; install a supported sglang in the host venv, or a ddtree-ops that "
+                                   "lists this one")
+        elif installed != plugin_version:
             pf.plugin_needed = True
             pf.add("plugin", OK, f"ddtree plugin {installed or 'not installed'} in {python}: this deploy installs "
                                  f"{plugin_version}")

@@ -149,7 +149,7 @@ def launch_argv(p: Profile, mode: str) -> list[str]:
                  "--speculative-num-draft-tokens", str(cfg.block_size)]
         if cfg.draft_attention_backend:
             argv += ["--speculative-draft-attention-backend", cfg.draft_attention_backend]
-    return argv
+    return argv + list(s.extra_args)
 
 
 def _num(x: float) -> str:

@@ -21,7 +21,7 @@ run() {  # run EXPECTED_RC command...
     printf '%s(exit %s, as designed)%s\n' "$dim" "$rc" "$off"
 }
 
-[ "$(id -u)" = 0 ] || { echo "demo: the lab needs root (network namespaces, systemd-nspawn)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "demo: the lab needs root (network namespaces, systemd-nspawn): run sudo make demo" >&2; exit 1; }
 
 step "Bring up six GPU hosts of two classes as real systemd + sshd machines (an SGLang stand-in serves in place of the GPU server)"
 run 0 ddtree-ops lab up --hosts 6

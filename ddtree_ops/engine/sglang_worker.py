@@ -2,7 +2,8 @@
 
 This module imports SGLang's DFlash worker, which needs SGLang's GPU stack: it is imported only by
 the plugin's worker factory at server start. Everything it adds lives in `ShadowWorkerMixin`
-(`sglang_shadow.py`), which is tested on CPU; this file only composes the two.
+(`sglang_shadow.py`), which is tested on CPU against the DFlash worker source of every release in
+`sglang_settings.SUPPORTED`; this file only composes the two.
 """
 
 from __future__ import annotations

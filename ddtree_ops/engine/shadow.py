@@ -16,13 +16,15 @@ also runs chain and tree end to end, whose per-prompt round counts are the real 
 
 from __future__ import annotations
 
+import heapq
 import math
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ddtree_ops.engine.tree import Tree
+if TYPE_CHECKING:       # the accounting itself runs on lists: no torch needed to import it
+    from ddtree_ops.engine.tree import Tree
 
 PROMOTE, KEEP_CHAIN, INCONCLUSIVE = "promote-tree", "keep-chain", "inconclusive"
 
@@ -61,8 +63,10 @@ def spine_lower_bound(tree: Tree, chain_tokens: list[int], chain_accepted: int, 
 
 def sign_test(diffs: list[float]) -> tuple[float, float, int]:
     """One-sided exact sign tests. Returns (p that median > 0, p that median < 0, n non-zero)."""
-    pos = sum(1 for d in diffs if d > 0)
-    neg = sum(1 for d in diffs if d < 0)
+    return sign_test_counts(sum(1 for d in diffs if d > 0), sum(1 for d in diffs if d < 0))
+
+
+def sign_test_counts(pos: int, neg: int) -> tuple[float, float, int]:
     n = pos + neg
     if n == 0:
         return 1.0, 1.0, 0
@@ -195,39 +199,121 @@ def format_report(rep: ShadowReport) -> str:
             f"cost_ratio={ratio} sibling_hits={rep.sibling_hits} recommendation={rep.recommendation}")
 
 
+class BoundTally:
+    """Running totals of lower-bound rounds: what `ShadowLedger` would report over the same rounds
+    with a cost ratio, in constant memory (a server accounts millions of rounds)."""
+
+    def __init__(self, horizon: int, min_rounds: int = 20, alpha: float = 0.05,
+                 cost_ratio: float | None = None) -> None:
+        self.horizon, self.min_rounds, self.alpha, self.cost_ratio = horizon, min_rounds, alpha, cost_ratio
+        self.rounds = self.chain_sum = self.lower_sum = self.pos = self.neg = 0
+        self.diff_sum = 0.0
+        self.chain_hist: Counter[int] = Counter()
+        self.hits = [0] * horizon
+
+    def add(self, chain_tokens: int, lower: int) -> None:
+        self.rounds += 1
+        self.chain_sum += chain_tokens
+        self.lower_sum += lower
+        self.chain_hist[chain_tokens] += 1
+        if lower > chain_tokens and chain_tokens <= self.horizon:
+            self.hits[chain_tokens - 1] += 1          # the sibling sits one below the accepted chain
+        if self.cost_ratio is not None:
+            d = lower - self.cost_ratio * chain_tokens
+            self.diff_sum += d
+            self.pos += d > 0
+            self.neg += d < 0
+
+    def report(self) -> ShadowReport:
+        n, ratio = self.rounds, self.cost_ratio
+        tau_chain = self.chain_sum / n if n else 0.0
+        tau_lower = self.lower_sum / n if n else 0.0
+        p_better = None
+        if ratio is None:
+            call, why = INCONCLUSIVE, ("lower-bound accounting only, and no tree/chain verify cost ratio "
+                                       "(DDTREE_VERIFY_COST_RATIO) to weigh it against")
+        else:
+            p_better, _p_worse, nz = sign_test_counts(self.pos, self.neg)
+            if n >= self.min_rounds and p_better < self.alpha and self.diff_sum > 0:
+                call, why = PROMOTE, (f"even the tree's lower bound beats the chain after a {ratio:.2f}x verify "
+                                      f"cost ({nz} paired rounds, sign test p={p_better:.3g}); confirm with a real A/B")
+            else:
+                call, why = INCONCLUSIVE, ("lower-bound accounting only (no exact tree verify on this path): "
+                                           f"it cannot show the tree is worse; p better={p_better:.3g} over {nz} rounds")
+        return ShadowReport(
+            rounds=n, sampled_rounds=0, tau_chain=tau_chain, tau_chain_sampled=None, tau_tree=None,
+            tau_tree_lower=tau_lower, chain_hist=dict(sorted(self.chain_hist.items())), tree_hist={},
+            sibling_hits=list(self.hits), chain_cost_s=None, tree_cost_s=None, cost_ratio=ratio,
+            projected_speedup=(tau_lower / tau_chain) / ratio if tau_chain and ratio else None,
+            p_tree_better=p_better, p_tree_worse=None, recommendation=call, reason=why)
+
+
 class OnlineShadow:
     """Shadow accounting fed by a serving engine's chain verify (the SGLang worker's path).
 
     Inputs are what a DFlash verify already has: per-row draft top-K per depth, the verified
     block (root + chain), the accepted length and the bonus. Per row it builds the tree with the
-    host heap (one device-to-host copy for the whole batch) and records the spine lower bound;
-    the exact tree acceptance would need a tree-masked target forward, which this path does not
-    run. Figures go to the log every `report_every` rounds and to `on_report` (metrics).
+    host heap and records the spine lower bound in running totals; the exact tree acceptance
+    would need a tree-masked target forward, which this path does not run. Figures go to the log
+    every `report_every` rounds and to `on_report` (metrics).
     """
 
     def __init__(self, budget: int, horizon: int, report_every: int = 200,
                  on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None) -> None:
         self.budget, self.horizon, self.report_every = budget, horizon, max(1, report_every)
         self.cost_ratio = cost_ratio       # tree/chain verify cost from the bench curve, if known
-        self.ledger = ShadowLedger(horizon, min_rounds=min_rounds)
+        self.tally = BoundTally(horizon, min_rounds=min_rounds, cost_ratio=cost_ratio)
         self.on_report = on_report
+
+    def report(self) -> ShadowReport:
+        return self.tally.report()
 
     def observe(self, draft_tokens: Any, draft_scores: Any, candidates: Any, accept_len: Any, bonus: Any) -> list[int]:
         """draft_tokens/draft_scores [bs, L, K] (scores quantised as in `tree.quantize_logprobs`),
-        candidates [bs, L + 1], accept_len [bs] (drafts accepted, bonus excluded), bonus [bs]."""
-        from ddtree_ops.engine.tree import DraftTopK, build_tree_heap
-
-        toks, scores = draft_tokens.cpu(), draft_scores.cpu()
-        cands, acc, bon = candidates.tolist(), accept_len.tolist(), bonus.tolist()
+        candidates [bs, L + 1], accept_len [bs] (drafts accepted, bonus excluded), bonus [bs];
+        tensors or nested lists (the SGLang worker hands over lists from pinned host buffers)."""
+        toks, scores = _rows(draft_tokens), _rows(draft_scores)
+        cands, acc, bon = _rows(candidates), _rows(accept_len), _rows(bonus)
         bounds = []
         for b, row in enumerate(cands):
-            tree = build_tree_heap(DraftTopK(tokens=toks[b], scores=scores[b]), self.budget, row[0])
             a = int(acc[b])
-            lower = spine_lower_bound(tree, row, a, int(bon[b]))
+            lower, _size = heap_spine_bound(toks[b], scores[b], self.budget, row, a, int(bon[b]))
             bounds.append(lower)
-            self.ledger.add(RoundRecord(chain_tokens=a + 1, chain_verify_s=0.0, chain_nodes=len(row),
-                                        tree_lower=lower, tree_nodes=tree.size,
-                                        sibling_depths=[a + 1] if lower > a + 1 else []))
-            if len(self.ledger.records) % self.report_every == 0 and self.on_report is not None:
-                self.on_report(self.ledger.report(cost_ratio=self.cost_ratio))
+            self.tally.add(a + 1, lower)
+            if self.tally.rounds % self.report_every == 0 and self.on_report is not None:
+                self.on_report(self.tally.report())
         return bounds
+
+
+def _rows(x: Any) -> list[Any]:
+    return x.tolist() if hasattr(x, "tolist") else list(x)
+
+
+def heap_spine_bound(tok: list[list[int]], sc: list[list[int]], budget: int, chain: list[int],
+                     accepted: int, bonus: int) -> tuple[int, int]:
+    """`spine_lower_bound(build_tree_heap(...), ...)` on plain lists: the same heap, the same pop
+    order and node numbering, without the tensors (the serving path runs it for every sampled
+    row, where tensor construction cost more than the heap). Returns (bound, tree size)."""
+    depth = len(tok)
+    k = len(tok[0]) if depth else 0
+    children: list[dict[int, int]] = [{}]
+    scores = [0]
+    heap = [(-sc[0][0], 1, 0, 0)] if budget > 0 and depth > 0 and k > 0 else []
+    push, pop = heapq.heappush, heapq.heappop
+    while heap and len(scores) - 1 < budget:
+        neg, d, p, r = pop(heap)
+        node = len(scores)
+        children.append({})
+        children[p][tok[d - 1][r]] = node
+        scores.append(-neg)
+        if r + 1 < k:
+            push(heap, (-(scores[p] + sc[d - 1][r + 1]), d, p, r + 1))
+        if d < depth:
+            push(heap, (neg - sc[d][0], d + 1, node, 0))
+    node, got = 0, 0
+    for t in chain[1:accepted + 1]:
+        nxt = children[node].get(t)
+        if nxt is None:
+            return got + 1, len(scores)
+        node, got = nxt, got + 1
+    return got + 1 + (1 if bonus in children[node] else 0), len(scores)

@@ -80,7 +80,7 @@ def up(paths: Paths | None = None, *, hosts: Sequence[str] | None = None, count:
     paths = paths or Paths.default()
     hosts = list(hosts) if hosts else machine.lab_hosts(count or len(HOSTS))
     _sys.require_root()
-    _sys.require_tools()
+    _sys.require_tools(log=log)
     timings: dict[str, float] = {}
     t0 = time.monotonic()
     old = LabState.load(paths)

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-CORPUS = REPO.parent / "shared" / "logcorpus"
+CORPUS = REPO / "tests" / "data" / "logcorpus"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 QUIET = ("healthy", "benign_warning")  # labels whose logs must give root_cause null
 
@@ -19,10 +19,30 @@ _NAME = re.compile(r"^[0-9]{3}-([a-z_]+)\.log$")
 _SYNTH = re.compile(r"^synthetic-([a-z_]+)-[a-z0-9-]+\.log$")
 
 
+def _parts() -> dict[str, str]:
+    """file name -> its part in INDEX.md ("tuning" / "held out"); the first corpus has none."""
+    out: dict[str, str] = {}
+    index = CORPUS / "INDEX.md"
+    if not index.exists():
+        return out
+    for line in index.read_text("utf-8").splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 8 and cells[2].startswith("`") and cells[2].endswith(".log`") and cells[7] in ("tuning", "held out"):
+            out[cells[2].strip("`")] = cells[7]
+    return out
+
+
 def corpus_logs() -> list[Path]:
+    """Every real log the catalogue was tuned on (the held-out part is scored, not tuned: heldout_logs)."""
     if not CORPUS.is_dir():
         return []
-    return sorted(p for p in CORPUS.glob("*.log") if _NAME.match(p.name))
+    parts = _parts()
+    return sorted(p for p in CORPUS.glob("*.log") if _NAME.match(p.name) and parts.get(p.name) != "held out")
+
+
+def heldout_logs() -> list[Path]:
+    parts = _parts()
+    return sorted(p for p in CORPUS.glob("*.log") if parts.get(p.name) == "held out")
 
 
 def synthetic_logs() -> list[Path]:

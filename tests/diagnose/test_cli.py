@@ -93,3 +93,38 @@ def test_module_level_imports_stay_light() -> None:
             "print(','.join(m for m in ('rich', 'yaml', 'ddtree_ops.diagnose.classify', 'paramiko') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     assert out == ""
+
+
+def test_shadow_accounting_off_is_degraded_exit_1(capsys: pytest.CaptureFixture[str]) -> None:
+    """DDTREE serves, but the plugin says its shadow accounting never ran: a warning, not a rollback."""
+    rc, out, _ = run(["diagnose", "--log", str(FIXTURES / "synthetic-shadow_accounting_off-no-round.log"), "--json"], capsys)
+    doc = json.loads(out)
+    assert rc == 1 and doc["verdict"] == "degraded" and doc["root_cause"] is None
+    warn = [f for f in doc["findings"] if f["severity"] == "warning"]
+    assert [f["label"] for f in warn] == ["shadow_accounting_off"]
+    assert "plugin-check" in warn[0]["remedy"] and "DDTREE_SHADOW_SHARE" in warn[0]["remedy"]
+
+
+def test_unclassified_crash_shows_exception_frames_and_signature(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "u.log"
+    log.write_text(
+        "[2026-01-10 09:00:20 TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/managers/scheduler.py", line 3594, in run_batch\n'
+        "    batch_result = self.model_worker.forward_batch_generation(\n"
+        '  File "/opt/venv/lib/python3.12/site-packages/ddtree_ops/engine/sglang_worker.py", line 88, in forward_batch_generation\n'
+        "    out = self._tree.build(scores)\n"
+        '  File "/opt/venv/lib/python3.12/site-packages/sglang/srt/layers/sampler.py", line 121, in forward\n'
+        "    probs = logits.softmax(-1)\n"
+        '  File "/opt/venv/lib/python3.12/site-packages/torch/nn/functional.py", line 2140, in softmax\n'
+        "    ret = input.softmax(dim)\n"
+        "KeyError: 'req_pool_idx 1234 not found in 0x7f3a9c'\n")
+    rc, out, _ = run(["diagnose", "--log", str(log), "--json"], capsys)
+    rc_doc = json.loads(out)["root_cause"]
+    assert rc == 2 and rc_doc["label"] == "unclassified_crash"
+    assert rc_doc["text"].startswith("KeyError:")
+    frames = rc_doc["frames"]
+    assert frames[0].startswith("torch/nn/functional.py:2140 in softmax")
+    assert any(f.startswith("ddtree_ops/engine/sglang_worker.py:88") for f in frames)
+    assert any(f.startswith("sglang/srt/layers/sampler.py:121") for f in frames)
+    # numbers and addresses out, the engine's file and function in: a string to search trackers with
+    assert rc_doc["signature"] == "KeyError: 'req_pool_idx N not found in N' (sglang/srt/layers/sampler.py in forward)"

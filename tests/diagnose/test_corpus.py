@@ -1,4 +1,4 @@
-"""Every real log in ../shared/logcorpus and every synthetic fixture, in three forms each.
+"""Every real log in tests/data/logcorpus and every synthetic fixture, in three forms each.
 
 The label, the line and the evidence are what an operator reads first; each is asserted against
 INDEX.md (real logs) or the fixture's name (synthetic ones).
@@ -15,6 +15,7 @@ from diagnose_helpers import (QUIET, as_journal_json, as_journald, corpus_logs, 
                                      raw_lines, synthetic_logs)
 
 FORMS = ("raw", "journald", "json", "json-bytes")
+WARNING_ONLY = ("shadow_accounting_off",)  # labels whose logs serve, degraded, with that warning
 LOGS = corpus_logs() + synthetic_logs()
 
 
@@ -30,8 +31,8 @@ def _wrapped(path: Path, form: str) -> list[bytes]:
 
 
 def test_corpus_is_present() -> None:
-    # CI has ../shared/logcorpus at the same relative path; an empty corpus would pass vacuously
-    assert len(corpus_logs()) >= 18
+    # the corpus ships in the repository; an empty corpus would pass vacuously
+    assert len(corpus_logs()) >= 18 + 38
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -39,7 +40,10 @@ def test_corpus_is_present() -> None:
 def test_root_cause_label(path: Path, form: str) -> None:
     expected = label_of(path)
     report = classify(_wrapped(path, form))
-    if expected in QUIET:
+    if expected in WARNING_ONLY:
+        assert report.root_cause is None and report.verdict == "degraded"
+        assert [f.label for f in report.warnings] == [expected]
+    elif expected in QUIET:
         assert report.root_cause is None, report.root_cause
         assert report.verdict == "healthy"
         assert not report.fatal
@@ -117,3 +121,24 @@ def test_accept_len_streak_broken_by_a_good_report_is_not_a_failure() -> None:
     stuck = classify([line.format(v) for v in ["2.10", "1.00", "1.00", "1.00"]])
     assert stuck.root_cause is not None and stuck.root_cause.label == "hidden_capture_missing"
     assert stuck.root_cause.line == 4
+
+
+HELD_OUT_FLOOR = 0.95  # measured when the part was first scored: 21 of 22 in every form (205 missed)
+
+
+@pytest.mark.parametrize("form", ("raw", "journald", "json"))
+def test_held_out_part_keeps_its_score(form: str) -> None:
+    """The held-out logs were never tuned on; their score is reported, and must not drop."""
+    from diagnose_helpers import heldout_logs
+
+    logs = heldout_logs()
+    assert len(logs) >= 20
+    named = []
+    for path in logs:
+        expected = label_of(path)
+        rep = classify(_wrapped(path, form))
+        if expected in QUIET:
+            named.append(rep.verdict == "healthy" and rep.root_cause is None)
+        else:
+            named.append(rep.root_cause is not None and rep.root_cause.label == expected)
+    assert sum(named) / len(named) >= HELD_OUT_FLOOR, [p.name for p, ok in zip(logs, named, strict=True) if not ok]

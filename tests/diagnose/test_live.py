@@ -198,3 +198,70 @@ def test_cli_host_unreachable_exits_3(monkeypatch: pytest.MonkeyPatch, capsys: p
     with pytest.raises(SystemExit) as exc:
         main(["diagnose", "ct129"])
     assert exc.value.code == 3 and "connection refused" in capsys.readouterr().err
+
+
+REAL = FIXTURES.parents[1] / "data" / "real-sglang" / "0.5.17"
+
+
+def _entries(lines: list[bytes], inv: str, t0: int, systemd: bool = False) -> list[str]:
+    out = []
+    for i, ln in enumerate(lines):
+        e: dict[str, Any] = {"MESSAGE": ln.decode("utf-8", "replace"), "__REALTIME_TIMESTAMP": str(t0 + i * 1000)}
+        e.update({"INVOCATION_ID": inv, "UNIT": "sglang.service", "_PID": "1"} if systemd else
+                 {"_SYSTEMD_INVOCATION_ID": inv, "_PID": "41231"})
+        out.append(json.dumps(e))
+    return out
+
+
+def test_a_previous_start_stopped_by_systemd_reads_healthy(profile: Any) -> None:
+    """Real SGLang 0.5.17 served, then systemd stopped it (SIGTERM to the control group): SGLang
+    then logs its scheduler as crashed with exit code -15 and a SIGQUIT. That start was healthy."""
+    h = _host(profile, "synthetic-healthy-full-startup.log", unit_result="success")
+    old = "00000000stopped"
+    lines = raw_lines(REAL / "1_base_graph.log")
+    stop_at = next(i for i, ln in enumerate(lines) if b"SIGTERM received" in ln)
+    journal = [*_entries(lines[:stop_at], old, 1766000000000000),
+               *_entries([b"Stopping sglang.service - SGLang server..."], old, 1766000100000000, systemd=True),
+               *_entries(lines[stop_at:], old, 1766000100001000),
+               *_entries([b"sglang.service: Deactivated successfully.", b"Stopped sglang.service - SGLang server."],
+                         old, 1766000200000000, systemd=True),
+               *b"\n".join(as_journal_json(raw_lines(FIXTURES / "synthetic-healthy-full-startup.log"))).decode().splitlines()]
+    h.on(live.cmd_journal_recent(profile.service.unit), "\n".join(journal))
+    diag = live.diagnose_host(h, profile)
+    prev = [i for i in diag.previous if i.invocation == old]
+    assert prev and prev[0].report.verdict == "healthy" and prev[0].report.root_cause is None
+    rep = diag.combined()
+    assert not any(f.rule_id == "previous_start_failed" for f in rep.findings)
+
+
+def test_a_previous_start_that_crashed_without_a_stop_is_still_named(profile: Any) -> None:
+    """The same real log with its stop taken away: the scheduler dying after ready is a crash."""
+    h = _host(profile, "synthetic-healthy-full-startup.log", unit_result="success")
+    old = "00000000crashed"
+    lines = [ln for ln in raw_lines(REAL / "1_base_graph.log") if b"SIGTERM received" not in ln]
+    journal = [*_entries(lines, old, 1766000000000000),
+               *b"\n".join(as_journal_json(raw_lines(FIXTURES / "synthetic-healthy-full-startup.log"))).decode().splitlines()]
+    h.on(live.cmd_journal_recent(profile.service.unit), "\n".join(journal))
+    diag = live.diagnose_host(h, profile)
+    prev = [i for i in diag.previous if i.invocation == old]
+    assert prev and prev[0].report.verdict == "failed"
+    assert any(f.rule_id == "previous_start_failed" for f in diag.combined().findings)
+
+
+@pytest.mark.parametrize("ids, status", [([0, 2], "ok"), ([1, 3], "fail"), ([0, 4], "fail")])
+def test_last_target_layer_is_refused_before_anything_changes(profile: Any, ids: list[int], status: str) -> None:
+    """Qwen3 captures the hidden state before layer id+1: on a 4-layer target id 3 is never captured
+    (real SGLang 0.5.17 died at the first request with exactly this draft)."""
+    h = _host(profile, "synthetic-healthy-full-startup.log",
+              draft_cfg={"architectures": ["DFlashDraftModel"], "num_hidden_layers": 1,
+                         "dflash_config": {"target_layer_ids": ids}})
+    h.files[f"{profile.service.model_path}/config.json"] = json.dumps(
+        {"architectures": ["Qwen3ForCausalLM"], "num_hidden_layers": 4}).encode()
+    diag = live.diagnose_host(h, profile)
+    check = next(c for c in diag.checks if c.name == "draft target_layer_ids")
+    assert check.status == status, check
+    if status == "fail":
+        f = next(f for f in diag.extra if f.rule_id == "check_spec_decode_misconfig")
+        assert f.severity == "fatal" and "outside what the target captures" in check.detail
+    # diagnose only reads: it ran no command that changes the host
+    assert not any(c[:2] in (("systemctl", "restart"), ("systemctl", "start"), ("systemctl", "stop")) for c in h.calls)

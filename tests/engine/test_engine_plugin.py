@@ -278,3 +278,29 @@ def test_worker_factory_is_lazy() -> None:
                   "print('dflash_worker_v2' in ' '.join(sys.modules))")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == "False"
+
+
+def test_registration_is_announced_on_stderr_before_logging_exists() -> None:
+    """SGLang loads plugins before it configures logging: the line must not depend on it."""
+    proc = run_py("from sglang.srt.plugins import load_plugins; load_plugins()", SGLANG_PLUGINS="ddtree")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "DDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang 0.5.23, shadow-linear)" in proc.stderr
+
+
+@pytest.mark.parametrize("version,refused", [("0.5.17", False), ("0.5.23.post1", False), ("0.5.24", True),
+                                             ("0.5.23rc1", True), ("0.4.10", True)])
+def test_unsupported_sglang_is_refused_with_the_releases_that_work(algos: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
+                                                                   version: str, refused: bool) -> None:
+    from ddtree_ops.engine import sglang_plugin
+
+    for key in ("DDTREE_BUDGET", "DDTREE_SHADOW_SHARE", "DDTREE_MODE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(sglang, "__version__", version)
+    sa = server_args(*GOOD)
+    if refused:
+        with pytest.raises(ValueError, match=f"sglang {version} is not supported \\(supported: 0.5.17, 0.5.23\\)"):
+            validate(sa)
+        assert "not supported" in sglang_plugin.check()["error"]
+    else:
+        validate(sa)
+        assert "error" not in sglang_plugin.check()

@@ -3,6 +3,7 @@ and the worker mixin against stand-ins for DFlash's three methods."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -81,13 +82,33 @@ def test_online_shadow_batch_and_bound_only_report() -> None:
     assert reports[0].recommendation in (PROMOTE, INCONCLUSIVE)   # a bound never says keep-chain
 
 
+class _Mode:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def is_extend(self) -> bool:
+        return self.name == "extend"
+
+    def is_idle(self) -> bool:
+        return self.name == "idle"
+
+
+class FakeBatch:
+    def __init__(self, mode: str) -> None:
+        self.forward_mode, self.is_extend_in_batch = _Mode(mode), False
+
+
 class FakeDFlash:
-    """Stand-in for DFlashWorkerV2's three hooked methods, with sglang 0.5.23's signatures."""
+    """Stand-in for DFlashWorkerV2's hooked methods, with the shape both checked releases share:
+    the draft head is called in the decode path, the verified block sits in
+    `_draft_block_tokens_buf`, and forward_batch_generation returns commit lengths and the bonus."""
 
     block_size = 4
 
-    def __init__(self) -> None:
+    def __init__(self, accept: list[int], bonus: list[int]) -> None:
+        self.accept, self.bonus = accept, bonus
         self.sampler_built = self._maybe_build_draft_sampler()   # the real constructor calls it too
+        self.head = torch.nn.Linear(8, 20, bias=False)
 
     def _maybe_build_draft_sampler(self) -> Any:
         return "in-graph sampler"
@@ -95,66 +116,188 @@ class FakeDFlash:
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states: Any, lm_head: Any, chunk_size: int = 256) -> Any:
         return torch.argmax(hidden_states @ lm_head.weight.T, dim=-1)
 
-    def _accept_block(self, *, candidates: Any, next_token_logits: Any, sampling_info: Any, draft_input: Any,
-                      prefix_lens: Any, bs: int, target_predict: Any = None) -> Any:
-        accept = torch.zeros(bs, dtype=torch.long)
-        return accept, accept + 1, torch.full((bs,), 7), candidates, None
+    def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
+        if batch.forward_mode.is_extend():
+            return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
+        bs = len(self.accept)
+        hidden = torch.randn(bs * (self.block_size - 1), 8, generator=torch.Generator().manual_seed(bs))
+        draft = self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=self.head)
+        self._draft_block_tokens_buf = torch.cat([torch.full((bs, 1), 1), draft.view(bs, -1)], dim=1)
+        commit = torch.tensor(self.accept, dtype=torch.int32) + 1
+        return types.SimpleNamespace(accept_lens=commit,
+                                     next_draft_input=types.SimpleNamespace(bonus_tokens=torch.tensor(self.bonus)))
 
 
-def test_worker_mixin_commits_what_dflash_commits(monkeypatch: pytest.MonkeyPatch) -> None:
+def shadow_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    for key in ("DDTREE_SHADOW_SHARE", "DDTREE_BUDGET", "DDTREE_SHADOW_REPORT_EVERY", "DDTREE_SHADOW_WARN_AFTER"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_worker_mixin_commits_what_dflash_commits_and_accounts_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
     from ddtree_ops.engine.sglang_shadow import ShadowWorkerMixin
 
-    monkeypatch.setenv("DDTREE_SHADOW_SHARE", "1.0")
-    monkeypatch.setenv("DDTREE_BUDGET", "6")
-    monkeypatch.setenv("DDTREE_SHADOW_REPORT_EVERY", "1")
+    shadow_env(monkeypatch, DDTREE_SHADOW_SHARE="1.0", DDTREE_BUDGET="6", DDTREE_SHADOW_REPORT_EVERY="4")
 
     class Worker(ShadowWorkerMixin, FakeDFlash):
         pass
 
-    w = Worker()
+    w = Worker(accept=[0, 2], bonus=[7, 9])
     assert w.sampler_built is None                              # eager head while shadowing
-    head = torch.nn.Linear(8, 20, bias=False)
-    hidden = torch.randn(2 * 3, 8)
-    draft = w._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=head)
-    assert torch.equal(draft, FakeDFlash._greedy_sample_from_vocab_parallel_head(w, hidden_states=hidden, lm_head=head))
-    cands = torch.cat([torch.tensor([[1], [2]]), draft.view(2, 3)], dim=1)
-    out = w._accept_block(candidates=cands, next_token_logits=None, sampling_info=None, draft_input=None,
-                          prefix_lens=None, bs=2)
-    assert torch.equal(out[2], torch.full((2,), 7))              # DFlash's result passes through
+    assert w.forward_batch_generation(FakeBatch("extend")).accept_lens is None   # prefill passes through
+    out = w.forward_batch_generation(FakeBatch("decode"))
+    assert out.accept_lens.tolist() == [1, 3]                   # DFlash's result passes through untouched
     st = w._ddtree()
-    assert st.budget == 6 and len(st.acct.ledger.records) == 2
-    assert all(r.chain_tokens == 1 for r in st.acct.ledger.records)
+    assert st.budget == 6 and st.verify_rounds == 1 and len(st.pending) == 1
+    w.forward_batch_generation(FakeBatch("decode"))             # the earlier round is accounted now
+    st.drain(wait=True)
+    assert st.accounted == 4 and st.acct.tally.rounds == 4
+    rep = st.acct.report()
+    assert rep.tau_chain == 2.0                                 # rows committed 1 and 3 tokens, twice
+    assert rep.tau_tree_lower >= 1.0
 
 
 def test_worker_mixin_off_keeps_the_in_graph_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
     from ddtree_ops.engine.sglang_shadow import ShadowWorkerMixin
 
-    monkeypatch.setenv("DDTREE_SHADOW_SHARE", "0")
+    shadow_env(monkeypatch, DDTREE_SHADOW_SHARE="0")
 
     class Worker(ShadowWorkerMixin, FakeDFlash):
         pass
 
-    assert Worker().sampler_built == "in-graph sampler"
+    assert Worker(accept=[0], bonus=[1]).sampler_built == "in-graph sampler"
 
 
-def test_mixin_hooks_match_sglang_dflash_worker_signatures() -> None:
-    """The real DFlashWorkerV2 cannot be imported on CPU (its import chain needs the GPU stack), so
-    read its source: the three hooked methods must exist with the keyword names the mixin uses."""
-    import ast
+def test_silent_shadow_is_said_once_with_its_reason(monkeypatch: pytest.MonkeyPatch,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    """What 0.5.17 did to the first plugin: DFlash served, nothing was accounted, nothing was said."""
+    from ddtree_ops.engine.sglang_shadow import SILENT, ShadowWorkerMixin
+
+    shadow_env(monkeypatch, DDTREE_SHADOW_SHARE="1.0", DDTREE_SHADOW_WARN_AFTER="3")
+
+    class NoHeadCall(FakeDFlash):         # a release whose decode path never calls the eager head
+        def _greedy_sample_from_vocab_parallel_head(self, **kw: Any) -> Any:
+            raise AssertionError("not called on this path")
+
+        def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
+            self._draft_block_tokens_buf = torch.zeros((1, 4), dtype=torch.long)
+            return types.SimpleNamespace(accept_lens=torch.tensor([1]),
+                                         next_draft_input=types.SimpleNamespace(bonus_tokens=torch.tensor([0])))
+
+    class Worker(ShadowWorkerMixin, NoHeadCall):
+        pass
+
+    w = Worker(accept=[0], bonus=[0])
+    with caplog.at_level("WARNING", logger="ddtree_ops.engine.sglang"):
+        for _ in range(6):
+            w.forward_batch_generation(FakeBatch("decode"))
+    said = [r.getMessage() for r in caplog.records if "no round accounted" in r.getMessage()]
+    assert said == [SILENT % (3, w._ddtree().silence_reason())]
+    assert "draft head never ran" in said[0]
+    # and what smoke reads from /metrics says the same
+    from prometheus_client import REGISTRY, generate_latest
+
+    exposed = generate_latest(REGISTRY).decode()
+    assert 'ddtree_shadow_silent{reason="the draft head never ran' in exposed
+    assert "ddtree_shadow_verify_rounds 3.0" in exposed
+
+
+def test_heap_spine_bound_is_the_tree_walk() -> None:
+    """The serving path's list version against build_tree_heap + spine_lower_bound, ties included."""
+    import random
+
+    from ddtree_ops.engine.shadow import heap_spine_bound
+
+    rng = random.Random(7)
+    for _ in range(2000):
+        depth, k, vocab, budget = rng.randint(1, 6), rng.randint(1, 5), 8, rng.randint(1, 24)
+        logits = torch.tensor([[rng.choice([0.0, 1.0, 2.0, -1.0]) for _ in range(vocab)] for _ in range(depth)])
+        from ddtree_ops.engine.tree import topk_logprobs
+
+        tk, sc = topk_logprobs(logits, k)
+        chain = [0] + (tk[:, 0].tolist() if rng.random() < 0.7 else [rng.randrange(vocab) for _ in range(depth)])
+        accepted, bonus = rng.randint(0, depth), rng.randrange(vocab)
+        tree = build_tree_heap(draft_topk_from(tk, sc), budget, 0)
+        assert heap_spine_bound(tk.tolist(), sc.tolist(), budget, chain, accepted, bonus) == (
+            spine_lower_bound(tree, chain, accepted, bonus), tree.size)
+
+
+def draft_topk_from(tokens: Any, scores: Any) -> Any:
+    from ddtree_ops.engine.tree import DraftTopK
+
+    return DraftTopK(tokens=tokens, scores=scores)
+
+
+def test_bound_tally_reports_what_the_ledger_reports() -> None:
+    """Constant-memory totals give the ledger's bound report over the same rounds."""
+    import random
+
+    from ddtree_ops.engine.shadow import BoundTally
+
+    rng = random.Random(3)
+    for ratio in (0.8, 1.0, 1.3):
+        tally, led = BoundTally(horizon=6, cost_ratio=ratio), ShadowLedger(horizon=6)
+        for _ in range(300):
+            chain = rng.randint(1, 7)
+            lower = max(1, min(7, chain + rng.choice([-1, 0, 0, 1])))
+            tally.add(chain, lower)
+            led.add(RoundRecord(chain_tokens=chain, chain_verify_s=0.0, chain_nodes=7, tree_lower=lower,
+                                sibling_depths=[chain] if lower > chain else []))
+        a, b = tally.report(), led.report(cost_ratio=ratio)
+        assert (a.rounds, a.chain_hist, a.sibling_hits, a.recommendation) == (b.rounds, b.chain_hist,
+                                                                               b.sibling_hits, b.recommendation)
+        assert a.tau_chain == pytest.approx(b.tau_chain) and a.tau_tree_lower == pytest.approx(b.tau_tree_lower)
+        assert a.p_tree_better == pytest.approx(b.p_tree_better)
+
+
+DFLASH_SOURCES = {"0.5.23": "installed sglang (CPU)", "0.5.17": "the sglang 0.5.17 wheel the install step fetches"}
+
+
+def dflash_worker_source(version: str) -> str | None:
     import importlib.util
     import pathlib
+    import zipfile
 
-    spec = importlib.util.find_spec("sglang")
-    if spec is None or spec.origin is None:
-        pytest.skip("sglang not installed")
-    src = pathlib.Path(spec.origin).parent / "srt" / "speculative" / "dflash_worker_v2.py"
-    cls = next(n for n in ast.parse(src.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "DFlashWorkerV2")
+    if version == "0.5.23":
+        spec = importlib.util.find_spec("sglang")
+        if spec is None or spec.origin is None:
+            return None
+        return (pathlib.Path(spec.origin).parent / "srt" / "speculative" / "dflash_worker_v2.py").read_text()
+    from ddtree_ops.engine.sglang_settings import reference_wheel
+
+    wheel = reference_wheel(version)
+    if wheel is None:
+        return None
+    with zipfile.ZipFile(wheel) as z:
+        return z.read("sglang/srt/speculative/dflash_worker_v2.py").decode()
+
+
+@pytest.mark.parametrize("version", sorted(DFLASH_SOURCES))
+def test_mixin_hooks_match_each_supported_dflash_worker(version: str) -> None:
+    """The real DFlashWorkerV2 cannot be imported on CPU (its import chain needs the GPU stack), so
+    read its source, for every release in the plugin's table: the hooked methods exist with the
+    keyword names the mixin uses, the decode path calls the eager head and keeps the verified
+    block in `_draft_block_tokens_buf`, and its result carries accept_lens and next_draft_input."""
+    import ast
+
+    from ddtree_ops.engine.sglang_settings import SUPPORTED
+
+    assert version in SUPPORTED
+    src = dflash_worker_source(version)
+    assert src is not None, f"no source for sglang {version}: {DFLASH_SOURCES[version]} is missing (make install)"
+    cls = next(n for n in ast.parse(src).body if isinstance(n, ast.ClassDef) and n.name == "DFlashWorkerV2")
     methods = {f.name: f for f in cls.body if isinstance(f, ast.FunctionDef)}
     kwonly = lambda f: {a.arg for a in f.args.kwonlyargs}  # noqa: E731
     assert "_maybe_build_draft_sampler" in methods
     assert {"hidden_states", "lm_head", "chunk_size"} <= kwonly(methods["_greedy_sample_from_vocab_parallel_head"])
-    assert {"candidates", "next_token_logits", "sampling_info", "draft_input", "prefix_lens", "bs",
-            "target_predict"} == kwonly(methods["_accept_block"])
-    # and the worker really returns (accept_len, commit_lens, bonus, out_tokens, new_seq_lens)
-    ret = [n for n in ast.walk(methods["_accept_block"]) if isinstance(n, ast.Return)][-1]
-    assert [e.id for e in ret.value.elts] == ["accept_len", "commit_lens", "bonus", "out_tokens", "new_seq_lens"]
+    fbg = methods["forward_batch_generation"]
+    assert [a.arg for a in fbg.args.args[:2]] == ["self", "batch"]
+    body = ast.unparse(fbg)
+    assert "self._greedy_sample_from_vocab_parallel_head(" in body
+    assert "draft_tokens = self._draft_block_tokens_buf[:bs]" in body
+    results = [n for n in ast.walk(fbg) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GenerationBatchResult"]
+    decode = max(results, key=lambda n: n.lineno)   # the verify round's result: the function's last return
+    kw = {k.arg: ast.unparse(k.value) for k in decode.keywords}
+    assert kw["accept_lens"] == "commit_lens" and kw["next_draft_input"] == "next_draft_input"
+    assert "bonus_tokens=bonus" in body

@@ -84,13 +84,6 @@ def test_unknown_fault_and_host_are_usage_errors() -> None:
         api.fault("ct999", "hang")
 
 
-def test_missing_tools_name_the_apt_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_sys, "missing_tools", lambda names=(): ["debootstrap", "systemd-nspawn"])
-    with pytest.raises(_sys.LabError) as err:
-        _sys.require_tools()
-    assert "debootstrap systemd-container" in str(err.value) and err.value.hint == _sys.APT_FIX
-
-
 def test_not_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     with pytest.raises(_sys.LabError, match="needs root"):

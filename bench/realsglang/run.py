@@ -1,0 +1,515 @@
+"""Run real SGLang on the lent H200 with the argv `render` makes, and bring back what it said.
+
+On the device machine (the `device` tool's `run`), from the repository root:
+
+    python3 bench/realsglang/run.py --out "$OUT" serve failures memory
+
+Each name is a group of scenarios (`scenarios.py`); the servers of a group start together (their
+imports take most of a start), except `memory`, whose probes run one at a time because SGLang
+sizes its KV pool from the GPU memory free when each starts. For every server the runner:
+
+- renders the launch line and environment from `bench/realsglang/h200.yaml` through
+  `ddtree_ops.render` (the profile's `host.transport: local`: this machine has no sshd);
+- runs the deploy gate's own state machine (`gate.GateState`) on what it observes: the process in
+  place of the unit, the server's log in place of the journal, `/health_generate` and the gate's
+  smoke request through `LocalHost`; then `smoke`'s parsers and judge on the real answers;
+- for the `serve` group, measures decode throughput of DFLASH and DDTREE shadow side by side;
+- for `memory`, runs preflight's memory fit on the live GPU (`preflight.run_preflight` through
+  `LocalHost`: nvidia-smi, the model configs, SGLang's own parser) and reads the pool SGLang
+  allocated (`KV Cache is allocated. #tokens: N`);
+- stops every server the way systemd stops a unit (SIGTERM to the whole process group), and runs
+  `diagnose` on each log.
+
+Logs, `summary.json` and `report.md` land in --out as one tar (at most 8 files come back from a
+call). `--standin` runs the same flow on this machine with the lab's SGLang stand-in, to check the
+runner itself before spending device time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE))
+
+from scenarios import GROUPS, Scenario, model_configs  # noqa: E402
+
+ROOT = Path("/tmp/rs")
+SITE = ROOT / "site"
+KV_LINE = re.compile(r"KV Cache is allocated\. .*#tokens: (\d+)")
+T0 = time.monotonic()
+
+
+def say(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f}s] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------ setup
+
+
+def setup(standin: bool) -> dict[str, Any]:
+    """Unpack the wheel set (kept while the machine stays warm), install the plugin built from this
+    tree, write the models and the profiles directory."""
+    info: dict[str, Any] = {}
+    archive = REPO / ".device" / "realsglang" / "site.tar.xz"
+    if not standin:
+        stamp = SITE / ".stamp"
+        want = f"{archive.stat().st_size}-{int(archive.stat().st_mtime)}"
+        if not (stamp.exists() and stamp.read_text() == want):
+            shutil.rmtree(SITE, ignore_errors=True)
+            ROOT.mkdir(parents=True, exist_ok=True)
+            with tarfile.open(archive) as tar:
+                tar.extractall(ROOT)
+            stamp.write_text(want)
+            say(f"unpacked {archive.name}")
+        install_plugin()
+    models = ROOT / "models"
+    for name, files in model_configs().items():
+        d = models / name
+        d.mkdir(parents=True, exist_ok=True)
+        for fname, content in files.items():
+            (d / fname).write_text(content if isinstance(content, str) else json.dumps(content, indent=1))
+        for tok in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(HERE / "models" / "tiny-qwen3" / tok, d / tok)
+    profiles = ROOT / "profiles"
+    profiles.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "profiles" / "defaults.yaml", profiles / "defaults.yaml")
+    text = (HERE / "h200.yaml").read_text()
+    if standin:
+        text = text.replace("/opt/torch/.venv/bin/python3", sys.executable)
+    (profiles / "h200.yaml").write_text(text)
+    os.environ["DDTREE_OPS_PROFILES"] = str(profiles)
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(SITE)] + ([] if not standin else [os.environ.get("PYTHONPATH", "")]))
+    for argv in (["nvidia-smi", "--query-gpu=name,memory.total,memory.free,driver_version", "--format=csv,noheader"],
+                 [sys.executable, "-c", "import sys, torch, triton; print(sys.version.split()[0], torch.__version__, triton.__version__)"],
+                 ["ps", "-o", "comm=", "-p", "1"]):
+        try:
+            info[argv[0].rsplit("/", 1)[-1]] = subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            info[argv[0]] = f"unavailable: {exc}"
+    if not standin:
+        import importlib.metadata as md
+
+        sys.path.insert(0, str(SITE))
+        info["versions"] = {d: _version(md, d) for d in ("sglang", "sglang-kernel", "flashinfer-python",
+                                                         "transformers", "ddtree-ops")}
+    say(f"environment: {json.dumps(info)}")
+    return info
+
+
+def _version(md: Any, dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def install_plugin() -> None:
+    """The plugin wheel `deploy` would install on a host, built from this very tree."""
+    from ddtree_ops.wheel import build
+
+    wheel = build()
+    for old in SITE.glob("ddtree_ops*"):
+        shutil.rmtree(old, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / wheel.filename
+        path.write_bytes(wheel.data)
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",
+                        "--target", str(SITE), "--upgrade", str(path)], check=True)
+    say(f"plugin {wheel.version} installed into {SITE}")
+
+
+# ------------------------------------------------------------------ one server
+
+
+@dataclass
+class Server:
+    sc: Scenario
+    profile: Any
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    started: float = 0.0
+    offset: int = 0
+    result: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def port(self) -> int:
+        return int(self.profile.service.port)
+
+    def start(self, standin: bool) -> None:
+        from ddtree_ops.render import launch_argv, mode_env
+
+        p, mode = self.profile, self.sc.mode
+        argv = launch_argv(p, mode)
+        env = {**os.environ, **p.service.env, **mode_env(p, mode), **self.sc.env}
+        if standin:
+            argv, env = standin_launch(argv, env, self.log.parent / f"{self.sc.name}.standin")
+        self.result.update(argv=argv[1:], env={k: v for k, v in {**p.service.env, **mode_env(p, mode), **self.sc.env}.items()})
+        out = open(self.log, "wb")
+        out.write(f"# real-sglang run: scenario {self.sc.name}: {self.sc.about}\n".encode())
+        out.flush()
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True)
+        say(f"START {self.sc.name} pid={self.proc.pid} port={self.port}")
+
+    def new_lines(self) -> list[str]:
+        data = self.log.read_bytes()
+        chunk, cut = data[self.offset:], data.rfind(b"\n") + 1
+        if cut <= self.offset:
+            return []
+        chunk = data[self.offset:cut]
+        self.offset = cut
+        return chunk.decode("utf-8", "replace").splitlines()
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def unit(self) -> Any:
+        """The process in place of the systemd unit: what `systemctl show` would say of it."""
+        from ddtree_ops.observe import UnitState
+
+        assert self.proc is not None
+        rc = self.proc.poll()
+        if rc is None:
+            return UnitState(active="active", sub="running", result="success", main_pid=self.proc.pid,
+                             invocation=f"run-{self.sc.name}", load="loaded")
+        return UnitState(active="failed" if rc else "inactive", sub="failed" if rc else "dead",
+                         result="exit-code" if rc else "success", main_status=rc, main_pid=0,
+                         invocation=f"run-{self.sc.name}", load="loaded")
+
+    def stop(self, timeout: float = 40.0) -> int | None:
+        """SIGTERM to the process group, as systemd's KillMode=control-group does, then SIGKILL."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            t = time.monotonic()
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            self.result["stop_s"] = round(time.monotonic() - t, 2)
+        try:                                      # children left behind hold GPU memory
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.result["exit"] = self.proc.returncode
+        return self.proc.returncode
+
+    def kill_scheduler(self) -> str:
+        """A crash after ready: the scheduler child dies, as an OOM kill or a segfault would."""
+        import psutil
+
+        assert self.proc is not None
+        for child in psutil.Process(self.proc.pid).children(recursive=True):
+            try:
+                title = " ".join(child.cmdline()) + " " + child.name()
+            except psutil.Error:
+                continue
+            if "scheduler" in title:
+                child.send_signal(signal.SIGKILL)
+                return f"killed pid {child.pid} ({title.strip()[:60]})"
+        return "no scheduler process found"
+
+
+def standin_launch(argv: list[str], env: dict[str, str], work: Path) -> tuple[list[str], dict[str, str]]:
+    """Local dry run: the lab's SGLang stand-in in place of `python -m sglang.launch_server`."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "gpu.json").write_text(json.dumps({"index": 0, "name": "NVIDIA H200", "uuid": "GPU-standin",
+                                               "memory_mib": 143771, "compute_cap": "9.0",
+                                               "driver_version": "580.159.04"}))
+    (work / "faults").write_text("")
+    launch = "import sys; from ddtree_ops.lab.standin.server import main; sys.exit(main(sys.argv[1:]))"
+    env = {**env, "DDTREE_LAB_GPU_JSON": str(work / "gpu.json"), "DDTREE_LAB_GPU_REGISTRY": str(work / "reg"),
+           "DDTREE_LAB_FAULTS": str(work / "faults"), "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    return [sys.executable, "-c", launch, *argv[3:]], env
+
+
+# ------------------------------------------------------------------ gate, smoke, load
+
+
+def gate(server: Server, host: Any) -> dict[str, Any]:
+    """The deploy gate's state machine on this server; kills the scheduler mid-window if asked."""
+    from ddtree_ops import gate as g
+    from ddtree_ops.diagnose.classify import Scanner
+    from ddtree_ops.host import HttpUnavailable
+    from ddtree_ops.observe import JournalLine
+
+    p, mode = server.profile, server.sc.mode
+    cfg = g.GateConfig(deadline_s=p.gate.startup_deadline_s, stay_s=p.gate.stay_healthy_s,
+                       poll_s=p.gate.poll_interval_s, http_timeout_s=p.gate.http_timeout_s,
+                       speculative=g.is_speculative(p, mode))
+    state = g.GateState(cfg, Scanner())
+    killed = ""
+    while True:
+        t = time.monotonic() - server.started
+        lines = [JournalLine(m) for m in server.new_lines()]
+        unit = server.unit()
+        health, err, smoke = None, "", None
+        if server.alive():
+            try:
+                health = host.http("GET", server.port, "/health_generate", timeout=5.0).status
+            except HttpUnavailable as exc:
+                err = str(exc)
+            if state.phase is g.Phase.SMOKE or (state.phase is g.Phase.STARTING and health == 200):
+                smoke = g.smoke_request(host, p, speculative=cfg.speculative, timeout=cfg.http_timeout_s)
+        status = state.step(g.Observation(t, unit, lines, health, err, smoke))
+        if (server.sc.kill_in_stay and state.phase is g.Phase.STAY and not killed and state.stay_from is not None
+                and t - state.stay_from >= server.sc.kill_in_stay):
+            killed = server.kill_scheduler()
+            say(f"{server.sc.name}: {killed}")
+            server.result["killed_at_s"] = round(t, 2)
+        if status is not g.Status.WAIT:
+            break
+        time.sleep(cfg.poll_s)
+    out = {"status": state.status.value, "reason": state.reason, "elapsed_s": round(time.monotonic() - server.started, 2),
+           "ready_s": state.ready_at, "smoke": state.smoke.__dict__ if state.smoke else None}
+    if killed:
+        out["verdict_after_kill_s"] = round(out["elapsed_s"] - server.result["killed_at_s"], 2)
+    if state.fatal is not None:
+        out["fatal"] = {"label": state.fatal.label, "text": state.fatal.text.strip()[:300]}
+    say(f"GATE {server.sc.name}: {out['status']} in {out['elapsed_s']}s: {out['reason'][:160]}")
+    return out
+
+
+def smoke_check(server: Server, host: Any) -> dict[str, Any]:
+    """`smoke`'s own probes, parsers and judge against the live server. Without systemd here the
+    unit part of the observation is the process, as in the gate."""
+    from dataclasses import replace
+
+    from ddtree_ops import smoke
+
+    obs = smoke.observe_host(host, server.profile)
+    if obs.unit is None:
+        obs = replace(obs, unit=server.unit(), unit_error="")
+    res = smoke.judge(obs, server.profile.smoke)
+    line = smoke.status_line([res])
+    say(f"SMOKE {server.sc.name}: {line}")
+    return {"status_line": line, "exit": int(res.status_code) if hasattr(res, "status_code") else None,
+            "algorithm": obs.algorithm, "server_accept_len": obs.server_accept_len,
+            "metrics_accept_len": obs.metrics_accept_len}
+
+
+def fetch(host: Any, port: int, path: str) -> str:
+    from ddtree_ops.host import HttpUnavailable
+
+    try:
+        return host.http("GET", port, path, timeout=10).text
+    except HttpUnavailable as exc:
+        return f"unavailable: {exc}"
+
+
+def throughput(host: Any, port: int, batch: int, tokens: int) -> float:
+    """Decode tokens per second for `batch` concurrent greedy requests of `tokens` each."""
+    body = {"text": "The capital of France is", "sampling_params": {"temperature": 0, "max_new_tokens": tokens,
+                                                                   "ignore_eos": True}}
+    done: list[int] = []
+
+    def one() -> None:
+        resp = host.http("POST", port, "/generate", body=body, timeout=300)
+        done.append(int(json.loads(resp.body)["meta_info"]["completion_tokens"]))
+
+    t = time.monotonic()
+    with cf.ThreadPoolExecutor(batch) as pool:
+        list(pool.map(lambda _: one(), range(batch)))
+    return sum(done) / (time.monotonic() - t)
+
+
+def shadow_tax(servers: list[Server], host: Any, reps: int, tokens: int) -> dict[str, Any]:
+    """DFLASH and DDTREE shadow arms on the same settings, measured in turns so drift hits all arms."""
+    arms = [s for s in servers if s.sc.tax_arm and s.result.get("gate", {}).get("status") == "pass"]
+    table: dict[str, dict[str, list[float]]] = {s.sc.tax_arm: {"1": [], "8": []} for s in arms}
+    for batch in (1, 8):
+        for s in arms:                              # warm-up: graphs and allocator at this batch size
+            throughput(host, s.port, batch, 64)
+        for rep in range(reps):
+            order = arms[rep % len(arms):] + arms[:rep % len(arms)]
+            for s in order:
+                table[s.sc.tax_arm][str(batch)].append(round(throughput(host, s.port, batch, tokens), 1))
+    say(f"TAX {json.dumps(table)}")
+    return table
+
+
+# ------------------------------------------------------------------ memory probes
+
+
+def memory_probe(server: Server, host: Any, standin: bool) -> dict[str, Any]:
+    """Preflight's prediction on the live GPU, then the pool SGLang allocates, then stop."""
+    from ddtree_ops.preflight import run_preflight
+    from ddtree_ops.releases import Layout
+    from ddtree_ops.render import render
+
+    p, mode = server.profile, server.sc.mode
+    pf = run_preflight(host, p, mode, render(p, mode), Layout.for_service(p.service.state_dir, p.service.unit), "")
+    plan = pf.memory
+    out: dict[str, Any] = {"mfs": p.memory.mem_fraction_static, "model": p.service.model_path.rsplit("/", 1)[-1],
+                           "predicted_tokens": plan.tokens if plan else None,
+                           "free_mib": pf.gpu.gpus[0].memory_free_mib if pf.gpu and pf.gpu.gpus else None,
+                           "checks": {c.name: c.status for c in pf.checks}}
+    server.start(standin)
+    deadline = time.monotonic() + 300
+    real = None
+    while time.monotonic() < deadline and real is None:
+        m = KV_LINE.search(server.text())
+        if m:
+            real = int(m.group(1))
+        elif not server.alive():
+            break
+        time.sleep(0.5)
+    server.stop(timeout=20)
+    out["real_tokens"] = real
+    for key in ("Load weight begin. avail mem=", "Memory pool end. avail mem="):
+        m = re.search(re.escape(key) + r"([\d.]+) GB", server.text())
+        out[key.split(".")[0].lower().replace(" ", "_") + "_avail_gb"] = float(m.group(1)) if m else None
+    if real and plan and plan.tokens:
+        out["error_pct"] = round(100.0 * (plan.tokens - real) / real, 2)
+    say(f"MEMORY {server.sc.name}: predicted {out['predicted_tokens']} real {real} ({out.get('error_pct')}%)")
+    return out
+
+
+# ------------------------------------------------------------------ groups
+
+
+def profile_for(sc: Scenario, port: int) -> Any:
+    from ddtree_ops.profile import load_profile
+
+    return load_profile("h200", overrides=[f"service.port={port}", f"service.unit=sglang-{sc.name}.service", *sc.sets])
+
+
+def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Namespace, port0: int) -> list[Server]:
+    scenarios = GROUPS[name]
+    servers = [Server(sc, profile_for(sc, port0 + i), out / f"{sc.name}.log") for i, sc in enumerate(scenarios)]
+    if name == "memory":
+        for s in servers:
+            if time.monotonic() - T0 > args.budget_s:
+                s.result["skipped"] = "past the budget"
+                continue
+            s.result["memory"] = memory_probe(s, host, standin)
+        return servers
+    for s in servers:
+        s.start(standin)
+    with cf.ThreadPoolExecutor(len(servers)) as pool:
+        gates = dict(zip([s.sc.name for s in servers], pool.map(lambda s: gate(s, host), servers)))
+    for s in servers:
+        s.result["gate"] = gates[s.sc.name]
+        if s.alive() and s.result["gate"]["status"] == "pass":
+            s.result["smoke"] = smoke_check(s, host)
+            for _ in range(s.sc.extra_requests):
+                throughput(host, s.port, 8, 64)
+    if name == "serve":
+        time.sleep(0.5)
+        servers[0].result["shadow_tax"] = shadow_tax(servers, host, args.reps, args.tokens)
+    for s in servers:
+        if s.alive():
+            s.result["server_info"] = fetch(host, s.port, "/server_info")[:4000]
+            metrics = fetch(host, s.port, "/metrics")
+            s.result["metrics_ddtree"] = [ln for ln in metrics.splitlines() if ln.startswith("ddtree_shadow")]
+            s.result["metrics_spec"] = [ln for ln in metrics.splitlines() if "spec_accept" in ln and not ln.startswith("#")]
+            if s.sc.extra_requests:
+                s.result["smoke_after_load"] = smoke_check(s, host)
+            if s.sc.cli_smoke:
+                s.result["cli_smoke"] = cli(["smoke", "h200", "--json", "--set", f"service.port={s.port}",
+                                             "--state-dir", str(ROOT / "smoke-state"),
+                                             "--lock-file", str(ROOT / "smoke.lock")])
+    time.sleep(1.0)      # the last report lines reach the log before the stop
+    with cf.ThreadPoolExecutor(len(servers)) as pool:
+        list(pool.map(lambda s: s.stop(), servers))
+    say(f"STOPPED {name}")
+    return servers
+
+
+def cli(args: list[str]) -> dict[str, Any]:
+    """The command an operator on the GPU host would type (local transport), as a subprocess."""
+    proc = subprocess.run([sys.executable, "-m", "ddtree_ops", *args], capture_output=True, text=True, timeout=240)
+    say(f"CLI ddtree-ops {' '.join(args[:2])}: exit {proc.returncode}")
+    return {"argv": args, "exit": proc.returncode, "stdout": proc.stdout[-6000:], "stderr": proc.stderr[-3000:]}
+
+
+def diagnose(server: Server) -> dict[str, Any]:
+    from ddtree_ops.diagnose.classify import classify
+
+    rep = classify(server.text().splitlines())
+    rc = rep.root_cause
+    return {"verdict": rep.verdict, "label": rc.label if rc else None,
+            "evidence": (rc.evidence if rc else "")[:300]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="real SGLang scenarios on the lent H200")
+    ap.add_argument("groups", nargs="+", choices=sorted(GROUPS))
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--standin", action="store_true", help="dry run here with the lab's SGLang stand-in")
+    ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=256)
+    ap.add_argument("--budget-s", type=float, default=540.0, help="skip a group that would start after this")
+    args = ap.parse_args(argv)
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    info = setup(args.standin)
+    from ddtree_ops.local import LocalHost
+
+    host = LocalHost("h200")
+    summary: dict[str, Any] = {"environment": info, "groups": {}, "skipped": []}
+    summary["plugin_check"] = cli(["engine", "plugin-check", "--json"])
+    port = 31000
+    for name in args.groups:
+        if time.monotonic() - T0 > args.budget_s:
+            summary["skipped"].append(name)
+            say(f"SKIP {name}: past the budget")
+            continue
+        try:
+            servers = run_group(name, logs, host, args.standin, args, port)
+        except Exception as exc:          # keep what the other groups found
+            import traceback
+
+            summary["groups"][name] = {"error": traceback.format_exc()}
+            say(f"ERROR {name}: {exc}")
+            continue
+        port += 20
+        for s in servers:
+            s.result["diagnose"] = diagnose(s)
+            s.result["expect_label"] = s.sc.label
+        summary["groups"][name] = {s.sc.name: s.result for s in servers}
+        bundle(args.out, logs, summary)        # after every group: a call cut off keeps what it did
+    bundle(args.out, logs, summary)
+    shutil.rmtree(logs)
+    say(f"done: {args.out / 'realsglang.tar.gz'}")
+    return 0
+
+
+def bundle(out: Path, logs: Path, summary: dict[str, Any]) -> None:
+    summary["wall_s"] = round(time.monotonic() - T0, 1)
+    (logs / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    tmp = out / "realsglang.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(logs, arcname="realsglang")
+    tmp.replace(out / "realsglang.tar.gz")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""What the DDTREE plugin is configured with, and which SGLang versions it serves on.
+
+The first module of the plugin's one-way chain: settings, then shadow (`sglang_shadow`), then
+worker (`sglang_worker`), then plugin (`sglang_plugin`). Standard library only: preflight reads
+the version table on the control machine, and the plugin reads the environment inside SGLang.
+
+Configuration is by environment, because a plugin has no sanctioned way to add server flags:
+DDTREE_BUDGET, DDTREE_SHADOW_SHARE, DDTREE_SHADOW_REPORT_EVERY, DDTREE_SHADOW_WARN_AFTER,
+DDTREE_VERIFY_COST_RATIO, DDTREE_MODE (only `shadow`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+NAME = "DDTREE"
+PLUGIN = "ddtree"
+MAX_BUDGET = 2048
+MAX_HORIZON = 32
+DEFAULT_SHARE = 0.1
+DEFAULT_REPORT_EVERY = 200
+DEFAULT_WARN_AFTER = 500       # verify rounds with nothing accounted before the plugin says so
+
+# The SGLang releases the plugin was checked against, and how. DFlashWorkerV2's shape differs
+# between them (0.5.17 accepts inline in forward_batch_generation, 0.5.23 in `_accept_block`), but
+# both return the committed lengths and the bonus from forward_batch_generation and keep the
+# verified block in `_draft_block_tokens_buf`, which is what the shadow hook reads. A release not
+# listed here is refused at preflight and at server start: an unchecked release could run
+# "shadow mode" for a week and measure nothing, as 0.5.17 did before it was listed.
+SUPPORTED: dict[str, str] = {
+    "0.5.17": ("registered and served DDTREE on an NVIDIA H200 (tests/data/real-sglang/0.5.17); the shadow "
+               "hook checked against its DFlashWorkerV2 source"),
+    "0.5.23": "checked on CPU: sglang's parser, plugin loader, spec predicates and DFlashWorkerV2 source",
+}
+
+_RELEASE = re.compile(r"^(\d+\.\d+\.\d+)(?:\.post\d+)?$")
+
+
+def release_of(version: str | None) -> str | None:
+    """'0.5.17.post1' -> '0.5.17'; a dev, rc or local build -> None (not a release we checked)."""
+    m = _RELEASE.match((version or "").strip())
+    return m.group(1) if m else None
+
+
+def version_problem(version: str | None) -> str | None:
+    """None when the plugin serves on this SGLang; else the sentence an operator reads."""
+    if release_of(version) in SUPPORTED:
+        return None
+    return (f"DDTREE plugin: sglang {version or 'unknown'} is not supported "
+            f"(supported: {', '.join(SUPPORTED)})")
+
+
+@dataclass(frozen=True)
+class ShadowSettings:
+    budget: int | None              # None: block size - 1 (the chain's own node count)
+    share: float
+    report_every: int
+    warn_after: int
+    cost_ratio: float | None
+    mode: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def read_settings(env: dict[str, str] | None = None) -> tuple[ShadowSettings, list[str]]:
+    """The DDTREE_* environment, parsed; problems are returned, not raised, so a validator can
+    report all of them at once."""
+    env = dict(os.environ if env is None else env)
+    problems: list[str] = []
+
+    def number(key: str, cast: Any, default: Any, lo: float, hi: float) -> Any:
+        raw = env.get(key)
+        if raw is None or raw.strip() == "":
+            return default
+        try:
+            value = cast(raw)
+        except ValueError:
+            problems.append(f"{key}={raw!r} is not a{'n integer' if cast is int else ' number'}")
+            return default
+        if not lo <= value <= hi:
+            problems.append(f"{key}={raw} is out of range [{lo:g}, {hi:g}]")
+            return default
+        return value
+
+    mode = env.get("DDTREE_MODE", "shadow").strip().lower() or "shadow"
+    if mode != "shadow":
+        problems.append(f"DDTREE_MODE={mode!r}: only 'shadow' is served (the DFlash chain is committed and the "
+                        "tree is accounted beside it); committing tree-verified tokens inside SGLang needs a "
+                        "tree-masked target verify this plugin does not provide (compare SGLang PR #29907)")
+    settings = ShadowSettings(
+        budget=number("DDTREE_BUDGET", int, None, 1, MAX_BUDGET),
+        share=number("DDTREE_SHADOW_SHARE", float, DEFAULT_SHARE, 0.0, 1.0),
+        report_every=number("DDTREE_SHADOW_REPORT_EVERY", int, DEFAULT_REPORT_EVERY, 1, 10**9),
+        warn_after=number("DDTREE_SHADOW_WARN_AFTER", int, DEFAULT_WARN_AFTER, 1, 10**9),
+        cost_ratio=number("DDTREE_VERIFY_COST_RATIO", float, None, 0.01, 1000.0),
+        mode=mode)
+    return settings, problems
+
+
+def reference_dir() -> "os.PathLike[str]":
+    """Where `make install` keeps the wheels of supported SGLang releases that are not the one
+    installed (their source is checked on CPU; nothing from them is imported)."""
+    import sys
+    from pathlib import Path
+
+    return Path(sys.prefix) / "share" / "ddtree-ops" / "reference"
+
+
+def reference_wheel(version: str) -> "os.PathLike[str] | None":
+    from pathlib import Path
+
+    found = sorted(Path(reference_dir()).glob(f"sglang-{version}-*.whl"))
+    return found[-1] if found else None

