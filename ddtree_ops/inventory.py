@@ -5,7 +5,7 @@ A host's profile is built from layers, lowest first:
     profiles/defaults.yaml
     -> every group the host is in: profiles/groups/<group>.yaml, parents before children
     -> the host's own entry in a group file or an inventory (one line: `- ct140: {memory: ...}`,
-       or Ansible's `ansible_host` / `ansible_user` / `ansible_port` / `ansible_become`)
+       or Ansible's `ansible_host` / `_user` / `_port` / `_become` / `_connection`)
     -> profiles/<host>.yaml
     -> --set
 
@@ -45,6 +45,7 @@ ANSIBLE_VARS: dict[str, Loc] = {
     "ansible_user": ("host", "user"), "ansible_ssh_user": ("host", "user"),
     "ansible_port": ("host", "port"), "ansible_ssh_port": ("host", "port"),
     "ansible_become": ("host", "sudo"),
+    "ansible_connection": ("host", "transport"),
 }
 IMPLICIT_GROUPS = ("all", "ungrouped")
 
@@ -182,6 +183,8 @@ def _var_layer(raw: dict[str, Any], where: dict[str, str], shown: str) -> Source
                 continue
         elif loc == ("host", "sudo"):
             value = str(value).lower() in ("1", "true", "yes", "on") if not isinstance(value, bool) else value
+        elif loc == ("host", "transport"):  # Ansible's ssh, smart and paramiko all mean SSH here
+            value = "local" if str(value) == "local" else "ssh"
         else:
             value = str(value)
         out.data.setdefault(loc[0], {})[loc[1]] = value

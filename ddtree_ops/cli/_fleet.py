@@ -22,7 +22,7 @@ def is_single(inv: "Inventory", names: Sequence[str]) -> bool:
 
 
 def connector(ssh_config: Optional[str]) -> Callable[["Profile"], "Host"]:
-    from ddtree_ops.ssh import connect
+    from ddtree_ops.host import connect
 
     return lambda p: connect(p, ssh_config=ssh_config)
 

@@ -80,6 +80,7 @@ INI = """
     [a6000]
     ct13[0:2] ansible_port=2222
     gpu-x ansible_host=10.1.2.3 ansible_become=true
+    box ansible_connection=local
 
     [pro6000]
     ct200
@@ -109,6 +110,8 @@ YAML = """
                 gpu-x:
                   ansible_host: 10.1.2.3
                   ansible_become: true
+                box:
+                  ansible_connection: local
             pro6000:
               hosts:
                 ct200:
@@ -124,7 +127,8 @@ def test_ansible_inventory_gives_hosts_groups_and_connection_vars(profiles: Path
                                                                  text: str) -> None:
     path = write(tmp_path / name, text)
     inv = Inventory.load(profiles, path)
-    assert inv.members("lab") == ["ct130", "ct131", "ct132", "gpu-x", "ct200", "ct201", "ct202"]
+    assert inv.members("lab") == ["ct130", "ct131", "ct132", "gpu-x", "box", "ct200", "ct201", "ct202"]
+    assert inv.profile("box").host.transport == "local" and inv.profile("ct130").host.transport == "ssh"
     assert inv.resolve(["pro6000"]) == ["ct200", "ct201", "ct202"]
     p = inv.profile("ct131")
     assert (p.host.ssh_host, p.host.port, p.gpu.arch) == ("ct131", 2222, "sm_86")
@@ -199,7 +203,7 @@ def test_resolve_names_groups_globs_ranges_and_exclusions(profiles: Path, tmp_pa
     assert inv.resolve(["ct13*", "ct200"]) == ["ct130", "ct131", "ct132", "ct200"]
     assert inv.resolve(["lab", "!a6000"]) == ["ct200", "ct201", "ct202"]
     assert inv.resolve(["ct20[1:2]", "ct201"]) == ["ct201", "ct202"]
-    assert inv.resolve(["all"])[:2] == ["ct129", "ct200"] and len(inv.resolve(["all"])) == 8
+    assert inv.resolve(["all"])[:2] == ["ct129", "ct200"] and len(inv.resolve(["all"])) == 9
     with pytest.raises(UsageError, match=r"unknown host or group 'pro600' \(did you mean 'pro6000'\?\)"):
         inv.resolve(["pro600"])
 
