@@ -536,7 +536,7 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
     t0 = time.monotonic()
     res = HostResult(t.name, wave, REFUSED, "", target_release=t.release_id, known_good=c.known_good,
                      release=c.current)
-    with output.captured(f"[dim]{t.name} |[/]", echo=opts.verbose) as log:
+    with output.captured(t.name, echo=opts.verbose) as log:
         try:
             with connect(p) as h:
                 o = deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,

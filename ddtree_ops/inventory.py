@@ -48,6 +48,7 @@ ANSIBLE_VARS: dict[str, Loc] = {
     "ansible_connection": ("host", "transport"),
 }
 IMPLICIT_GROUPS = ("all", "ungrouped")
+_BY_NAME = "(the host's name)"  # where host.ssh_host comes from when nothing sets it
 
 
 # --------------------------------------------------------------------------- host patterns
@@ -598,8 +599,12 @@ class Inventory:
             raise ProfileError([f"{self.listed.get(host, host)} {host}: no settings: it is in no group with a group "
                                 f"file ({', '.join(groups) or 'no group'}) and there is no "
                                 f"{_shown(self.directory / (host + '.yaml'))}"])
-        src = Sourced({"name": host, "host": {"ssh_host": host}},
-                      {("name",): self.listed.get(host, host), ("host", "ssh_host"): self.listed.get(host, host)})
+        # a host listed by name in a group or an inventory is reached by that name through
+        # ssh_config; a lone profile file says how itself (and must, for SSH: the profile's rule)
+        named = any(host in g.hosts for g in self.groups.values())
+        src = Sourced({"name": host, **({"host": {"ssh_host": host}} if named else {})},
+                      {("name",): self.listed.get(host, host),
+                       **({("host", "ssh_host"): _BY_NAME} if named else {})})
         defaults = self.directory / "defaults.yaml"
         if defaults.is_file():
             src = _merge(src, self._file(defaults))
@@ -612,6 +617,9 @@ class Inventory:
         if host in self.host_files:
             src = _merge(src, self._file(self.host_files[host]))
         src.data["name"] = host
+        hs = src.data.get("host")
+        if isinstance(hs, dict) and hs.get("transport") == "local" and src.origin.get(("host", "ssh_host")) == _BY_NAME:
+            hs.pop("ssh_host", None)  # a local host is not reached over SSH at all
         return _apply_overrides(src, list(overrides))
 
     def profile(self, host: str, overrides: Sequence[str] = ()) -> Profile:

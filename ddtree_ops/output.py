@@ -30,12 +30,12 @@ _local = threading.local()
 
 
 @contextmanager
-def captured(prefix: str, *, echo: bool) -> Iterator[list[str]]:
+def captured(host: str, *, echo: bool) -> Iterator[list[str]]:
     """Lines said on this thread are kept (plain text) instead of printed; with `echo` they are
-    printed too, after `prefix`. A fleet runs one host per thread: its people-lines stay one per
-    host unless asked for (--verbose), and every host's own lines still reach its JSON entry."""
+    printed too, led by the host's name. A fleet runs one host per thread: its people-lines stay
+    one per host unless asked for (--verbose), and every host's own lines reach its JSON entry."""
     lines: list[str] = []
-    _local.capture = (prefix, echo, lines)
+    _local.capture = (host, echo, lines)
     try:
         yield lines
     finally:
@@ -45,16 +45,18 @@ def captured(prefix: str, *, echo: bool) -> Iterator[list[str]]:
 def _print(message: str, style: str | None = None) -> None:
     cap = getattr(_local, "capture", None)
     if cap is not None:
-        prefix, echo, lines = cap
+        host, echo, lines = cap
         from rich.text import Text
 
         try:
-            lines.append(Text.from_markup(message).plain)
+            plain = Text.from_markup(message).plain
         except Exception:  # noqa: BLE001 - a line that is not valid markup is kept as it is
-            lines.append(message)
+            plain = message
+        lines.append(plain)
         if not echo:
             return
-        message = f"{prefix} {message}"
+        if not plain.lstrip().startswith(f"{host}:"):  # most of deploy's lines name their host already
+            message = f"[dim]{host} |[/] {message}"
     err().print(message, style=style)
 
 
@@ -71,13 +73,11 @@ def escape(text: str) -> str:
 
 
 def warn(message: str) -> None:
-    """A warning; the message is text, not markup (it may quote `[section]` names or log lines)."""
-    _print(f"[yellow]warning:[/] {escape(message)}")
+    _print(f"[yellow]warning:[/] {message}")
 
 
 def fail(message: str) -> None:
-    """An error; the message is text, not markup."""
-    _print(f"[bold red]error:[/] {escape(message)}")
+    _print(f"[bold red]error:[/] {message}")
 
 
 def data(text: str) -> None:

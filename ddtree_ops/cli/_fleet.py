@@ -117,7 +117,7 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
     todo = []
     for name, verdict, err in fleet.across(list(hosts), check):
         if verdict is None:
-            output.warn(f"{name}: cannot check ({err})")
+            output.warn(f"{name}: cannot check ({output.escape(err)})")
             continue
         output.say(f"{name}: {output.escape(verdict[1])}")
         if verdict[0]:
@@ -129,7 +129,8 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
         return 0
 
     def act(name: str) -> Any:
-        with output.captured(f"[dim]{name} |[/]", echo=False), connect(hosts[name]) as h:
+        # a rollback's own lines (why, what it waits for) matter to people: shown, led by the host
+        with output.captured(name, echo=True), connect(hosts[name]) as h:
             return rollback(h, hosts[name], lock_wait_s=lock_wait)
 
     done = fleet.across(todo, act)

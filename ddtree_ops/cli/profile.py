@@ -126,7 +126,7 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
         inv = load_inventory(profiles, inventory)
     except ProfileError as exc:  # a broken group file or inventory: every problem, then 64
         for problem in exc.problems:
-            output.say(f"[red]error[/] {problem}")
+            output.say(f"[red]error[/] {output.escape(problem)}")
         if as_json:
             output.emit_json({"command": "profile validate", "profiles": {}, "problems": exc.problems})
         return 64
