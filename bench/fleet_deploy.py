@@ -85,7 +85,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "fleet.md"))
     a = ap.parse_args()
     run = time.strftime("%H%M%S")
-    f_times, l_times, host_over, fleet_over, starts, waves_wall = [], [], [], [], [], []
+    f_times, l_times, host_over, fleet_over, starts, waves_wall, loop_over = [], [], [], [], [], [], []
     for i in range(a.reps):
         took, doc = fleet(f"f{run}{i}")
         f_times.append(took)
@@ -99,6 +99,7 @@ def main() -> int:
         took, docs = loop(f"l{run}{i}")
         l_times.append(took)
         host_over_loop = [overhead(d) for d in docs]
+        loop_over += host_over_loop
         print(f"rep {i}: fleet {f_times[-1]:.1f}s, loop {took:.1f}s; per-host overhead fleet "
               f"{statistics.median(per):.2f}s, loop {statistics.median(host_over_loop):.2f}s", file=sys.stderr)
     fm, lm = statistics.median(f_times), statistics.median(l_times)
@@ -119,6 +120,7 @@ def main() -> int:
         f"min {min(starts):.2f}, max {max(starts):.2f} |",
         f"| tool's overhead per host inside its transaction (beyond stop + start + stay) | "
         f"**{statistics.median(host_over):.2f} s** | max {max(host_over):.2f} |",
+        f"| the same, single-host deploys of the loop | {statistics.median(loop_over):.2f} s | max {max(loop_over):.2f} |",
         f"| fleet's own time beyond its waves (preflight of all, plan, table), per host | "
         f"**{statistics.median(fleet_over):.2f} s** | {', '.join(f'{x:.2f}' for x in fleet_over)} |",
         "",
