@@ -196,7 +196,7 @@ def parse_catalogue(text: str) -> Catalogue:
     import yaml
 
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
     except yaml.YAMLError as exc:
         raise CatalogueError(f"catalogue is not valid YAML: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
@@ -1208,10 +1208,10 @@ def _screen_chunk(job: tuple[str, int, int]) -> tuple[bytes, bytes, int]:
     return array("q", hits).tobytes(), where.tobytes(), data.count(b"\n")
 
 
-def _chunks(path: str, size: int, n: int) -> list[tuple[int, int]]:
-    """`n` slices of the file that end on a newline."""
+def _chunks(path: str, size: int, n: int, step: int | None = None) -> list[tuple[int, int]]:
+    """`n` slices of the file (or slices of `step` bytes) that end on a newline."""
     bounds = [0]
-    step = max(1 << 20, size // n)
+    step = step or max(1 << 20, size // n)
     with open(path, "rb") as fh:
         fd = fh.fileno()
         pos = step
@@ -1234,7 +1234,7 @@ def _chunks(path: str, size: int, n: int) -> list[tuple[int, int]]:
 
 
 def classify_path(path: str, catalogue: Catalogue | None = None, workers: int | None = None,
-                  min_bytes: int = PARALLEL_MIN_BYTES) -> Report:
+                  min_bytes: int = PARALLEL_MIN_BYTES, chunk_bytes: int | None = None) -> Report:
     """Classify a file; a large text journal has its keyword screen run in `workers` processes.
 
     The screen is a pure function of the bytes, so slices of the file are screened at once in
@@ -1256,7 +1256,7 @@ def classify_path(path: str, catalogue: Catalogue | None = None, workers: int | 
             return classify_stream(fh, cat)
     _screen_for(cat)  # built before forking: the workers inherit it
     _WORKER["cat"] = cat
-    jobs = [(path, s, e) for s, e in _chunks(path, st.st_size, workers * 4)]
+    jobs = [(path, s, e) for s, e in _chunks(path, st.st_size, workers * 4, chunk_bytes)]
     sc = Scanner(cat)
     ctx = multiprocessing.get_context("fork")
     with ctx.Pool(workers) as pool, open(path, "rb") as fh:

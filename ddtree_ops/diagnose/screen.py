@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from collections.abc import Iterable
 
@@ -145,6 +146,7 @@ def required_literal_sets(pattern: str) -> list[list[str]]:
 _DIGIT_RUN = re.compile(r"[0-9]+")
 
 
+@lru_cache(maxsize=4096)
 def literal_options(pattern: str) -> list[tuple[str, ...]]:
     """The pattern's usable keyword sets: every alternative 3+ characters long, without digits.
 
@@ -169,6 +171,7 @@ def literal_options(pattern: str) -> list[tuple[str, ...]]:
 _DIGITS = frozenset(range(ord("0"), ord("9") + 1))
 
 
+@lru_cache(maxsize=4096)
 def digit_sensitive(pattern: str) -> bool:
     """Whether two texts that differ only in their digits can get different answers from `pattern`.
 
@@ -224,11 +227,21 @@ def digit_sensitive(pattern: str) -> bool:
 _MIN_SUFFIX = 3
 
 
+@lru_cache(maxsize=8192)
 def anchor_positions(word: str) -> list[int]:
     """Where a keyword may be found from: an ASCII byte with 2+ characters after it, whose
     suffix never occurs in healthy serving lines (else every boring line would be a hit)."""
     n = min(_MIN_SUFFIX, len(word))
-    ok = [i for i in range(len(word) - n + 1) if ord(word[i]) < 128 and word[i:] not in HEALTHY_SAMPLE]
+    last = len(word) - n  # the last start with n characters from it
+    # a suffix absent from the sample stays absent when it grows, so the good starts are 0..k-1
+    lo, hi = 0, last + 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if word[mid:] in HEALTHY_SAMPLE:
+            hi = mid
+        else:
+            lo = mid + 1
+    ok = [i for i in range(lo) if ord(word[i]) < 128]
     return ok or [0]
 
 
