@@ -1246,7 +1246,11 @@ def classify_path(path: str, catalogue: Catalogue | None = None, workers: int | 
     from array import array
 
     cat = catalogue or load_catalogue()
-    workers = workers if workers is not None else min(os.cpu_count() or 1, 8)
+    if workers is None:
+        # the scanner itself needs a core: workers only pay where there are spare ones
+        # (on a 2-CPU host they made a 200 MB journal slower, bench/results/diagnose.md)
+        cpus = os.cpu_count() or 1
+        workers = min(cpus - 1, 8) if cpus >= 4 and os.getloadavg()[0] < cpus - 1 else 1
     st = os.stat(path)
     with open(path, "rb") as fh:
         head = fh.read(65536)
