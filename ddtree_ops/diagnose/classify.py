@@ -71,6 +71,8 @@ MAX_MEMO = 1 << 16  # message shapes remembered (then forgotten at once: a flood
 LOOKBACK_BYTES = 1 << 16  # how far back a stop or start of the unit is looked for before shutdown noise
 ORPHAN_BYTES = 1 << 15  # how far back the frames of a traceback without its header are read
 ORPHAN_LINES = 400
+SPEC_LOOKBACK_BYTES = 2048  # "right before": a native abort this close to a speculative setting
+_SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|DDTREE|draft model|draft_model")
 # a line that can end a traceback: what the frames before it were raising
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 ACCEPT_LOW = 1.10  # below this the drafter is not helping
@@ -802,6 +804,14 @@ class Scanner:
                     self._note_context(rule, text, self._lineno_at(lo + ls - carried) if ls >= carried else 0)
                     break
 
+    def _spec_setting_just_before(self) -> bool:
+        """Whether one of the few lines before the current one is about speculative decoding."""
+        if not self._buf:
+            return False
+        lo = max(self._block[0], self._cur - SPEC_LOOKBACK_BYTES)
+        recent = self._buf[lo:self._cur]
+        return _SPEC_SETTING_RX.search(recent) is not None
+
     def _adopt_orphan_frames(self, lineno: int) -> None:
         """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
         to a rate limit): the frames before it are read back, so where it was raised is known."""
@@ -1014,6 +1024,11 @@ class Scanner:
             else:
                 remedy = (f"Hardware Xid {code}: do not roll back the software; drain the host and reset the GPU "
                           "(or reboot / service it).")
+        if rule.label == "native_abort" and group is None and self._ctx.algorithm and self._spec_setting_just_before():
+            # a native abort right after the server logged a speculative setting: that setting is the suspect
+            named = _resolve_speculative_frame(self._ctx, text, [])
+            label, profile_key = named["label"], named["profile_key"]
+            remedy = "The process aborted in native code right after a speculative setting was logged. " + named["remedy"]
         if rule.resolve is not None:
             named = RESOLVERS[rule.resolve](self._ctx, text, self._tb.part if group is not None else [])
             label, remedy = named["label"], named["remedy"]
