@@ -333,3 +333,55 @@ def test_kv_pool_within_two_percent() -> None:
     assert milestones.compare(REAL_LOG, near).ok
     rep = milestones.compare(REAL_LOG, far)
     assert not rep.ok and "+3.05%" in rep.explain()
+
+
+# ---------------------------------------------------------------- the ddtree plugin in the stand-in
+
+
+def test_only_the_ddtree_plugins_worker_runs_its_shadow() -> None:
+    from types import SimpleNamespace
+
+    from ddtree_ops.engine import sglang_plugin
+    from ddtree_ops.lab.standin import shadow
+
+    assert shadow.is_plugin_worker(SimpleNamespace(factory=sglang_plugin.worker_factory))
+    assert not shadow.is_plugin_worker(SimpleNamespace(factory=lambda sa: object))
+    assert not shadow.is_plugin_worker(object())  # an enum algorithm (DFLASH): no factory at all
+
+
+def test_without_torch_the_shadow_is_off_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from ddtree_ops.lab.standin import shadow
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert shadow.plugin_mixin() == (None, "torch is not installed")
+
+
+def test_the_plugins_gauges_without_prometheus_client() -> None:
+    """The lab's venv has no prometheus_client: the plugin's own _Metrics still names and sets its
+    gauges, through the stand-in's recorder, in Prometheus text format."""
+    import sys
+
+    from ddtree_ops.engine.shadow import BoundTally
+    from ddtree_ops.lab.standin import shadow
+
+    recorder = shadow._recorder_module()
+    saved = sys.modules.get("prometheus_client")
+    sys.modules["prometheus_client"] = recorder
+    try:
+        from ddtree_ops.engine.sglang_shadow import _Metrics
+
+        metrics = _Metrics(3)
+    finally:
+        if saved is not None:
+            sys.modules["prometheus_client"] = saved
+    tally = BoundTally(3)
+    for chain, lower in ((2, 3), (1, 1), (4, 4)):
+        tally.add(chain, lower)
+    metrics.publish(tally.report())
+    text = recorder.render()
+    assert "# TYPE ddtree_shadow_rounds gauge\nddtree_shadow_rounds 3.0\n" in text
+    assert 'ddtree_shadow_sibling_hits{depth="2"} 1.0' in text
+    assert "ddtree_shadow_tau_chain 2.3333333333333335" in text

@@ -341,6 +341,7 @@ class Scheduler:
         self.gracefully_exit = False
         self.shadow: Any = None
         self.timings = dict.fromkeys(lines.GRAPH_TIMING_PHASES, 0.0)
+        self._drain_task: Optional[asyncio.Task[None]] = None
 
     # ---- GPU memory as nvidia-smi sees it
     def hold(self, used_bytes: int) -> None:
@@ -444,7 +445,7 @@ class Scheduler:
     async def run(self, t0: float) -> None:
         watchdog = asyncio.get_running_loop().create_task(self._watch_child())
         ctx = simgpu.CUDA_CONTEXT_MIB * memory.MIB
-        p, pool, x = self.p, self.pool, self.x
+        p, pool = self.p, self.pool
         tic = time.monotonic()
         sglog.info("Init torch distributed begin.")
         self.hold(ctx)
