@@ -808,9 +808,10 @@ class Scanner:
         """Whether one of the few lines before the current one is about speculative decoding."""
         if not self._buf:
             return False
-        lo = max(self._block[0], self._cur - SPEC_LOOKBACK_BYTES)
-        recent = self._buf[lo:self._cur]
-        return _SPEC_SETTING_RX.search(recent) is not None
+        cur, block_start = self._cur, self._block[0]
+        recent = (self._tail + self._buf[block_start:cur] if cur - block_start < SPEC_LOOKBACK_BYTES
+                  else self._buf[cur - SPEC_LOOKBACK_BYTES:cur])
+        return _SPEC_SETTING_RX.search(recent[-SPEC_LOOKBACK_BYTES:]) is not None
 
     def _adopt_orphan_frames(self, lineno: int) -> None:
         """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
