@@ -28,6 +28,8 @@ A6000 = {"index": 0, "name": "NVIDIA RTX A6000", "uuid": "GPU-test", "memory_mib
 # the card real SGLang 0.5.17 ran on (tests/data/real-sglang/0.5.17/*_summary.txt)
 H200 = {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-test-h200", "memory_mib": 143771, "compute_cap": "9.0",
         "driver_version": "580.159.04", "cuda_version": "13.0"}
+# what a lab host's shim runs, as a command line (start() runs the same entry point, forked)
+LAUNCH = "import sys; from ddtree_ops.lab.standin.server import main; sys.exit(main(sys.argv[1:]))"
 PRELOAD = ["sglang.srt.server_args", "sglang.srt.plugins", "sglang.srt.speculative.spec_info",
            "sglang.srt.speculative.spec_registry"]
 
@@ -180,6 +182,17 @@ class Proc:
     def poll(self) -> int | None:
         return self.process.exitcode
 
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        """To the stand-in's main process only (Popen's send_signal)."""
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
     def wait(self, timeout: float | None = None) -> int:
         self.process.join(timeout)
         if self.process.exitcode is None:
@@ -193,6 +206,7 @@ class Proc:
             pass
 
     def terminate(self) -> None:
+        """SIGTERM to the whole process group, as systemd's KillMode=control-group stops a unit."""
         self.signal_group(signal.SIGTERM)
 
     def kill(self) -> None:

@@ -45,7 +45,8 @@ RUNS = {
 }
 _START = re.compile(r"^\[\d+s\] START (\S+) port=\d+ env=(.*?) args: (.*)$")
 _CLIENT = re.compile(r"^\[\d+s\] CLIENT (\S+): (.*)$")
-_GENERATE = re.compile(r'\{ "status": \d+, "s": [\d.]+, "n": (\d+)')
+_GENERATE = re.compile(r'\{ "status": \d+, "s": [\d.]+, "n": (\d+), "text0": ".*?", "meta0": \{ "prompt_tokens": \d+, '
+                       r'"completion_tokens": (\d+)')
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class RealRun:
     log: str
     env: dict[str, str]
     args: list[str]
-    batches: list[int]  # the prompts in each /generate request, in order
+    batches: list[tuple[int, int]]  # (prompts, tokens generated) of each /generate request, in order
     layer_ids: list[int] | None
 
 
@@ -61,19 +62,22 @@ def real_run(log: str) -> RealRun:
     summary, name, layer_ids = RUNS[log]
     env: dict[str, str] = {}
     args: list[str] = []
-    batches: list[int] = []
+    batches: list[tuple[int, int]] = []
     for line in (REAL / summary).read_text().splitlines():
         if (m := _START.match(line)) and m.group(1) == name:
             env = dict(kv.split("=", 1) for kv in m.group(2).split())
             args = m.group(3).split()
         elif (m := _CLIENT.match(line)) and m.group(1) == name:
-            batches = [int(n) for n in _GENERATE.findall(m.group(2))]  # the line may be cut short
+            batches = [(int(n), int(t)) for n, t in _GENERATE.findall(m.group(2))]  # the line may be cut short
     assert args, f"{summary} has no START line for {name}"
     return RealRun(log, env, args, batches, layer_ids)
 
 
 def test_every_real_log_has_a_run() -> None:
     assert sorted(p.stem for p in REAL.glob("*.log")) == sorted(RUNS)
+    served = {log: real_run(log).batches for log in RUNS}
+    assert served["1_base_graph"] == [(1, 48), (8, 48)] and served["2_ddtree"] == [(1, 48)] + [(8, 48)] * 3
+    assert served["2_neg_plain_graph"] == []  # it died before serving
 
 
 def _models(tmp: Path, layer_ids: list[int] | None) -> dict[str, str]:
@@ -94,11 +98,11 @@ def _models(tmp: Path, layer_ids: list[int] | None) -> dict[str, str]:
 def _drive(s: Standin, run: RealRun) -> None:
     """What the real run's client did."""
     if s.wait_ready(timeout=90):
-        for i, n in enumerate(run.batches):
+        for i, (n, tokens) in enumerate(run.batches):
             prompt = f"Tell me about request {i} of the conformance run"
             text: str | list[str] = prompt if n == 1 else [f"{prompt}, prompt {k}" for k in range(n)]
-            status, _ = s.post("/generate", {"text": text, "sampling_params": {"temperature": 0, "max_new_tokens": 48}},
-                               timeout=60)
+            status, _ = s.post("/generate", {"text": text, "sampling_params": {"temperature": 0,
+                                                                               "max_new_tokens": tokens}}, timeout=60)
             assert status == 200
         assert s.get("/server_info")[0] == 200
         s.proc.signal_group(signal.SIGTERM)  # systemd's stop: KillMode=control-group, KillSignal=SIGTERM
