@@ -342,6 +342,7 @@ class Scheduler:
         self.shadow: Any = None
         self.timings = dict.fromkeys(lines.GRAPH_TIMING_PHASES, 0.0)
         self._drain_task: Optional[asyncio.Task[None]] = None
+        self._watchdog: Optional[asyncio.Task[None]] = None
 
     # ---- GPU memory as nvidia-smi sees it
     def hold(self, used_bytes: int) -> None:
@@ -443,7 +444,7 @@ class Scheduler:
 
     # ---- the start-up
     async def run(self, t0: float) -> None:
-        watchdog = asyncio.get_running_loop().create_task(self._watch_child())
+        self._watchdog = asyncio.get_running_loop().create_task(self._watch_child())
         ctx = simgpu.CUDA_CONTEXT_MIB * memory.MIB
         p, pool = self.p, self.pool
         tic = time.monotonic()
@@ -555,7 +556,6 @@ class Scheduler:
             await asyncio.sleep(8.0)
             await self.crash(self.tb([lines.TB_EVENT_LOOP], _illegal_memory()), running=True)
         await asyncio.Event().wait()
-        watchdog.cancel()
 
     def _dflash_setup(self) -> None:
         """DFlashWorkerV2's constructor lines (2_dflash)."""
