@@ -55,7 +55,7 @@ def _diagnose_log(path: str, json_out: bool) -> int:
 
     from ddtree_ops import output
     from ddtree_ops.diagnose import report as rpt
-    from ddtree_ops.diagnose.classify import CatalogueError, classify_stream
+    from ddtree_ops.diagnose.classify import CatalogueError, classify_path, classify_stream
     from ddtree_ops.status import DiagnoseExit
 
     source = "stdin" if path == "-" else path
@@ -63,8 +63,7 @@ def _diagnose_log(path: str, json_out: bool) -> int:
         if path == "-":
             result = classify_stream(sys.stdin.buffer)
         else:
-            with open(path, "rb") as fh:
-                result = classify_stream(fh)
+            result = classify_path(path)  # a large file has its keyword screen run in worker processes
     except IsADirectoryError:
         output.fail(f"cannot read {source}: it is a directory")
         return DiagnoseExit.UNREADABLE

@@ -29,6 +29,7 @@ report as feeding everything at once.
 
 from __future__ import annotations
 
+import os
 import re
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -45,7 +46,7 @@ from ddtree_ops.diagnose.screen import (FREQ as _FREQ, HEALTHY_SAMPLE as _HEALTH
                                         required_literal_sets as _required_literal_sets, trie_regex)
 
 __all__ = ["LABELS", "CatalogueError", "Catalogue", "Rule", "Finding", "Report", "Scanner", "Screen", "ScreenPlan",
-           "classify", "classify_bytes", "classify_stream", "load_catalogue", "parse_catalogue", "choose_root",
+           "classify", "classify_bytes", "classify_stream", "classify_path", "load_catalogue", "parse_catalogue", "choose_root",
            "verdict_of", "plan_screen", "build_screen", "_FREQ", "_HEALTHY_SAMPLE", "_required_literal_sets"]
 
 LABELS = (
@@ -70,6 +71,8 @@ MAX_MEMO = 1 << 16  # message shapes remembered (then forgotten at once: a flood
 LOOKBACK_BYTES = 1 << 16  # how far back a stop or start of the unit is looked for before shutdown noise
 ORPHAN_BYTES = 1 << 15  # how far back the frames of a traceback without its header are read
 ORPHAN_LINES = 400
+SPEC_LOOKBACK_BYTES = 2048  # "right before": a native abort this close to a speculative setting
+_SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|DDTREE|draft model|draft_model")
 # a line that can end a traceback: what the frames before it were raising
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 ACCEPT_LOW = 1.10  # below this the drafter is not helping
@@ -195,7 +198,7 @@ def parse_catalogue(text: str) -> Catalogue:
     import yaml
 
     try:
-        doc = yaml.safe_load(text)
+        doc = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
     except yaml.YAMLError as exc:
         raise CatalogueError(f"catalogue is not valid YAML: {exc}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("rules"), list):
@@ -572,6 +575,7 @@ class Scanner:
         self.cat = catalogue or load_catalogue()
         self.screen = _screen_for(self.cat)
         self._index = _index_for(self.cat)
+        self._lookback_rx = _lookback_rx(self.cat)  # looked up once: hashing a catalogue is not free
         self._rules = self.cat.rules
         self._by_id = self.cat.by_id
         self._defer = {r.id: r.defer_within for r in self.cat.rules if r.defer_within}
@@ -640,6 +644,19 @@ class Scanner:
         out += self._feed_block(data, start, cut + 1)
         self._partial = data[cut + 1:]
         return out
+
+    def feed_screened(self, data: bytes, hits: list[int], where: list[int], newlines: int) -> list[Finding]:
+        """Feed a block of whole lines whose screen was run elsewhere (`classify_path`): `hits` are
+        the screen's offsets, `where[i]` the block line index of hits[i], `newlines` its line count."""
+        if self._partial:
+            raise ValueError("feed_screened after a partial line: feed whole lines")
+        if self._json is None and data.strip():
+            self._json = journal.looks_like_json_journal(data[:65536])
+        if self._json:
+            return self._feed_block(data)
+        before = len(self._findings)
+        self._scan(data, None, screened=(hits, where, newlines))
+        return self._findings[before:]
 
     def finish(self) -> list[Finding]:
         """End of input: the partial last line and any open traceback are settled."""
@@ -734,15 +751,14 @@ class Scanner:
             e = find(b"\n", ls, end)
             if e < 0:
                 e = end
-            if self._streak and find(_ACCEPT_B, ls, e) >= 0:
+            if self._streak and find(_ACCEPT_B, ls, e) >= 0 and count(_ACCEPT_B, accept_from, ls):
                 # an accept-len report the screen skipped lies between the previous low one and
                 # this one: it was not low, so the streak of 1.00s is broken
-                if count(_ACCEPT_B, accept_from, ls):
-                    self._streak = 0
-            if self._streak or find(_ACCEPT_B, ls, e) >= 0:
-                accept_from = e
+                self._streak = 0
             self._cur = ls
-            line_full(buf[ls:e], lineno(idx), hit=h - ls)
+            line_full(buf[ls:e], line_map[idx] if line_map is not None else base + idx + 1, hit=h - ls)
+            if self._streak:
+                accept_from = e  # reports after this line decide whether the streak holds
             pos, idx = e + 1, idx + 1
             if self._tb.open:
                 slow_until_closed()
@@ -770,7 +786,7 @@ class Scanner:
         Called only before shutdown noise would become a finding: the region since the last look
         (at most LOOKBACK_BYTES, and the tail of the previous block) is searched once.
         """
-        rx = _lookback_rx(self.cat)
+        rx = self._lookback_rx
         upto = self._cur
         lo = max(self._seen_to, upto - LOOKBACK_BYTES)
         region = self._carry + (self._buf[lo:upto] if self._buf and lo < upto else b"")
@@ -787,6 +803,15 @@ class Scanner:
                 if rule.context in ("start", "stop") and rule.search(text):
                     self._note_context(rule, text, self._lineno_at(lo + ls - carried) if ls >= carried else 0)
                     break
+
+    def _spec_setting_just_before(self) -> bool:
+        """Whether one of the few lines before the current one is about speculative decoding."""
+        if not self._buf:
+            return False
+        cur, block_start = self._cur, self._block[0]
+        recent = (self._tail + self._buf[block_start:cur] if cur - block_start < SPEC_LOOKBACK_BYTES
+                  else self._buf[cur - SPEC_LOOKBACK_BYTES:cur])
+        return _SPEC_SETTING_RX.search(recent[-SPEC_LOOKBACK_BYTES:]) is not None
 
     def _adopt_orphan_frames(self, lineno: int) -> None:
         """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
@@ -902,6 +927,7 @@ class Scanner:
 
     def _match(self, text: str, group: int | None, cands: tuple[int, ...]) -> tuple[Rule | None, re.Match[str] | None]:
         rules = self._rules
+        raised: list[str] | None = None
         for i in cands:
             rule = rules[i]
             if rule.frames or rule.raised_in:
@@ -909,8 +935,11 @@ class Scanner:
                     continue
                 if rule.frames and not any(fr in path for path in self._tb.frames for fr in rule.frames):
                     continue
-                if rule.raised_in and not any(fr in path for path in self._tb.raised_in() for fr in rule.raised_in):
-                    continue
+                if rule.raised_in:
+                    if raised is None:
+                        raised = self._tb.raised_in()
+                    if not any(fr in path for path in raised for fr in rule.raised_in):
+                        continue
             m = rule.search(text)
             if m is not None:
                 return rule, m
@@ -996,6 +1025,11 @@ class Scanner:
             else:
                 remedy = (f"Hardware Xid {code}: do not roll back the software; drain the host and reset the GPU "
                           "(or reboot / service it).")
+        if rule.label == "native_abort" and group is None and self._ctx.algorithm and self._spec_setting_just_before():
+            # a native abort right after the server logged a speculative setting: that setting is the suspect
+            named = _resolve_speculative_frame(self._ctx, text, [])
+            label, profile_key = named["label"], named["profile_key"]
+            remedy = "The process aborted in native code right after a speculative setting was logged. " + named["remedy"]
         if rule.resolve is not None:
             named = RESOLVERS[rule.resolve](self._ctx, text, self._tb.part if group is not None else [])
             label, remedy = named["label"], named["remedy"]
@@ -1005,9 +1039,15 @@ class Scanner:
         if self._ctx.stop_line is not None and rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning"):
             severity = "benign"
             meaning = (f"Shutdown after the stop requested at line {self._ctx.stop_line}, not a crash. " + meaning).strip()
+        held = group is not None and self._tb.open and rule.role in _HELD_ROLES
+        if not held and self._per_rule.get(rule.id, 0) >= MAX_PER_RULE:
+            # the rule has its examples: count this one without building it
+            self._per_rule[rule.id] += 1
+            self._suppressed[rule.id] = self._suppressed.get(rule.id, 0) + 1
+            return
         frames: tuple[str, ...] = ()
         signature = ""
-        if group is not None and self._tb.part:
+        if group is not None and self._tb.part and self._per_rule.get(rule.id, 0) < MAX_PER_RULE:
             inner = self._tb.innermost()
             frames = tuple(f.short() for f in inner)
             if rule.role == "backstop" and label == "unclassified_crash":
@@ -1016,7 +1056,7 @@ class Scanner:
                     evidence=evidence[:MAX_TEXT_CHARS], remedy=remedy, profile_key=profile_key,
                     direction=rule.direction, rule_id=rule.id, role=rule.role, meaning=meaning,
                     group=group, hardware=hardware, frames=frames, signature=signature)
-        if group is not None and self._tb.open and f.role in _HELD_ROLES:
+        if held:
             # generic evidence waits for the end of its traceback, where a specific cause may follow
             self._pending.append(f)
         else:
@@ -1154,3 +1194,103 @@ def classify_stream(stream: IO[bytes], catalogue: Catalogue | None = None, block
         sc.feed_bytes(block)
     sc.finish()
     return sc.report()
+
+
+# ------------------------------------------------------------------ files: the screen in parallel
+
+PARALLEL_MIN_BYTES = 64 << 20  # below this a file is read in one process (forking costs more)
+_WORKER: dict[str, Any] = {}
+
+
+def _screen_chunk(job: tuple[str, int, int]) -> tuple[bytes, bytes, int]:
+    """In a worker: the screen's hits in one newline-aligned slice of the file, with the block line
+    index of each, and the slice's newline count (arrays as bytes: cheap to send back)."""
+    from array import array
+
+    path, start, end = job
+    with open(path, "rb") as fh:
+        data = os.pread(fh.fileno(), end - start, start)
+    screen = _screen_for(_WORKER["cat"])
+    hits = screen.hits(data)
+    where = array("q")
+    count = data.count
+    prev, idx = 0, 0
+    for h in hits:
+        ls = data.rfind(b"\n", prev, h) + 1
+        if ls > prev:
+            idx += count(b"\n", prev, ls)
+            prev = ls
+        where.append(idx)
+    return array("q", hits).tobytes(), where.tobytes(), data.count(b"\n")
+
+
+def _chunks(path: str, size: int, n: int, step: int | None = None) -> list[tuple[int, int]]:
+    """`n` slices of the file (or slices of `step` bytes) that end on a newline."""
+    bounds = [0]
+    step = step or max(1 << 20, size // n)
+    with open(path, "rb") as fh:
+        fd = fh.fileno()
+        pos = step
+        while pos < size:
+            tail = os.pread(fd, 1 << 16, pos)
+            nl = tail.find(b"\n")
+            while nl < 0 and tail:
+                pos += len(tail)
+                tail = os.pread(fd, 1 << 16, pos)
+                nl = tail.find(b"\n")
+            if nl < 0:
+                break
+            cut = pos + nl + 1
+            if cut > bounds[-1]:
+                bounds.append(cut)
+            pos = cut + step
+    if bounds[-1] < size:
+        bounds.append(size)
+    return list(zip(bounds, bounds[1:]))
+
+
+def classify_path(path: str, catalogue: Catalogue | None = None, workers: int | None = None,
+                  min_bytes: int = PARALLEL_MIN_BYTES, chunk_bytes: int | None = None) -> Report:
+    """Classify a file; a large text journal has its keyword screen run in `workers` processes.
+
+    The screen is a pure function of the bytes, so slices of the file are screened at once in
+    forked workers while this process runs the (sequential) scanner over their hits in order;
+    the report is the one `classify_stream` gives. JSON journals, small files, pipes and one-CPU
+    hosts are read in one process.
+    """
+    import multiprocessing
+    from array import array
+
+    cat = catalogue or load_catalogue()
+    if workers is None:
+        # the scanner itself needs a core: workers only pay where there are spare ones
+        # (on a 2-CPU host they made a 200 MB journal slower, bench/results/diagnose.md)
+        cpus = os.cpu_count() or 1
+        workers = min(cpus - 1, 8) if cpus >= 4 and os.getloadavg()[0] < cpus - 1 else 1
+    st = os.stat(path)
+    with open(path, "rb") as fh:
+        head = fh.read(65536)
+        if (workers < 2 or st.st_size < min_bytes or not stat_is_regular(st.st_mode)
+                or journal.looks_like_json_journal(head)):
+            fh.seek(0)
+            return classify_stream(fh, cat)
+    _screen_for(cat)  # built before forking: the workers inherit it
+    _WORKER["cat"] = cat
+    jobs = [(path, s, e) for s, e in _chunks(path, st.st_size, workers * 4, chunk_bytes)]
+    sc = Scanner(cat)
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(workers) as pool, open(path, "rb") as fh:
+        for (_, s, e), (hits_b, where_b, nl) in zip(jobs, pool.imap(_screen_chunk, jobs), strict=True):
+            data = os.pread(fh.fileno(), e - s, s)
+            hits, where = array("q"), array("q")
+            hits.frombytes(hits_b)
+            where.frombytes(where_b)
+            sc.feed_screened(data, hits.tolist(), where.tolist(), nl)
+    sc.finish()
+    return sc.report()
+
+
+def stat_is_regular(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode)

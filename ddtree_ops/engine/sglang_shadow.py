@@ -33,6 +33,8 @@ logger = logging.getLogger("ddtree_ops.engine.sglang")
 
 SILENT = "DDTREE shadow: no round accounted in %d verify rounds (%s); shadow accounting is not running"
 REGISTERED = "DDTREE registered as DFlash-family, hidden capture layers %s"
+NO_CAPTURE = ("DDTREE worker started without target hidden capture (SGLang resolved no dflash_target_layer_ids): "
+              "DDTREE did not answer as DFlash-family; the server fails at the first request")
 
 
 class _Pending:
@@ -259,7 +261,11 @@ class ShadowWorkerMixin:
             logger.info("DDTREE shadow: budget %d, horizon %d, share %.3f", state.budget, state.horizon, state.share)
         if not state.announced and _runner(self) is not None:
             state.announced = True
-            logger.info(REGISTERED, capture_layers(self))
+            layers = capture_layers(self)
+            if layers:
+                logger.info(REGISTERED, list(layers))
+            else:
+                logger.warning(NO_CAPTURE)
         return state
 
     def _maybe_build_draft_sampler(self) -> Any:

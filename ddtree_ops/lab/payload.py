@@ -25,14 +25,15 @@ DRIVER_VERSION = "570.172.08"
 CUDA_VERSION = "12.8"
 _COMPUTE_CAP = {"sm_80": "8.0", "sm_86": "8.6", "sm_89": "8.9", "sm_90": "9.0", "sm_100": "10.0", "sm_120": "12.0"}
 STANDIN_FILES = ("__init__.py", "simgpu.py", "nvidia_smi.py", "memory.py", "behaviour.py", "textgen.py",
-                 "sglog.py", "http.py", "server.py", "hold.py", "squat.py")
+                 "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "hold.py", "squat.py")
 README = """ddtree-ops LAB HOST (a container on the operator's machine, not a GPU host)
 
 Real: systemd (PID 1), journald, sshd, the sglang 0.5.23 package in /opt/sglang/venv (its argument
 parser, plugin loader and speculative-algorithm registry run for real).
 STAND-IN: `python -m sglang.launch_server` (the module is replaced by a shim that runs sglang_standin:
-no model is loaded, the KV pool is sized with SGLang's formula against the simulated GPU, SGLang's log
-lines and endpoints are reproduced) and /usr/bin/nvidia-smi (reads /etc/ddtree-lab/gpu.json and the
+no model is loaded, the KV pool is sized with SGLang's formula against the simulated GPU, the log lines
+are what real SGLang 0.5.17 printed on an H200 for the same scenario, the endpoints answer in SGLang's
+shapes; with the ddtree plugin installed its shadow accounting runs on simulated rounds) and /usr/bin/nvidia-smi (reads /etc/ddtree-lab/gpu.json and the
 processes registered in /run/ddtree-lab/gpu/). NVML is not simulated: pynvml fails with
 NVMLError_LibraryNotFound as on a host without the NVIDIA driver.
 Faults for the next service start: /var/lib/ddtree-lab/faults (set with `ddtree-ops lab fault HOST NAME`).

@@ -25,6 +25,18 @@ from ddtree_ops.diagnose.journal import TracebackTracker, clean_line, json_messa
     ("(VllmWorkerProcess pid=195295) ERROR 03-02 19:49:43 [multiproc_worker_utils.py:242] torch.OutOfMemoryError: x",
      "torch.OutOfMemoryError: x"),
     ("Nov 29 07:29:01 ct129 u[1]:     raise RuntimeError(", "    raise RuntimeError("),
+    # Ray: the actor prefix, its colour codes and the de-duplication suffix
+    ("(SGLangEngine pid=23902) subprocess.CalledProcessError: x [repeated 2x across cluster]",
+     "subprocess.CalledProcessError: x"),
+    ("\x1b[36m(SGLangEngine pid=23902, ip=10.0.0.7)\x1b[0m RuntimeError: boom", "RuntimeError: boom"),
+    ("(raylet, ip=10.0.0.7) RuntimeError: boom", "RuntimeError: boom"),
+    ("(EngineCore_DP0 pid=173913) ERROR 12-25 17:14:01 [patch_core.py:58] RuntimeError: boom", "RuntimeError: boom"),
+    # Kubernetes: kubectl logs --prefix, and the CRI file format kept on the node
+    ("[pod/sglang-0/server] RuntimeError: boom", "RuntimeError: boom"),
+    ("2026-01-04T01:42:55.123456789Z stderr F RuntimeError: boom", "RuntimeError: boom"),
+    # docker compose, coloured
+    ("\x1b[36msglang-1  |\x1b[0m RuntimeError: boom", "RuntimeError: boom"),
+    ("gpt_raisound-webserver-1         | ValueError: No component", "ValueError: No component"),
 ])
 def test_prefixes_are_stripped(raw: str, text: str) -> None:
     assert clean_line(raw)[0] == text

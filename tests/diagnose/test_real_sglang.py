@@ -129,3 +129,20 @@ def test_cli_names_the_real_logs(tmp_path: Path) -> None:
         doc = json.loads(res.stdout)
         assert res.returncode == (0 if label == "healthy" else 2), (path.name, res.stderr[-500:])
         assert (doc["root_cause"] or {}).get("label", "healthy") == label
+
+
+@pytest.mark.parametrize("cuts", [[1], [54, 55], [10, 20, 30, 40, 50, 56, 57], list(range(0, 70, 3))])
+def test_a_stop_split_across_polls_is_still_a_stop(cuts: list[int]) -> None:
+    """The gate and `diagnose HOST` feed lines in batches; where a batch ends must not matter."""
+    from ddtree_ops.diagnose.classify import Scanner
+
+    lines = _systemd_stopped(raw_lines(REAL / "0.5.17" / "1_base_graph.log"))
+    sc = Scanner()
+    start = 0
+    for c in [*cuts, len(lines)]:
+        sc.feed(lines[start:c])
+        start = c
+    sc.finish()
+    rep, whole = sc.report(), classify(lines)
+    assert rep.verdict == whole.verdict == "healthy"
+    assert [(f.rule_id, f.line, f.severity) for f in rep.findings] == [(f.rule_id, f.line, f.severity) for f in whole.findings]

@@ -104,3 +104,19 @@ def test_gate_style_messages_without_prefixes() -> None:
         sc.feed(chunk)
     rc = sc.report().root_cause
     assert rc is not None and rc.label == "kv_pool_too_small" and rc.direction == "raise"
+
+
+def test_the_screen_in_worker_processes_gives_the_same_report(tmp_path: Path) -> None:
+    """classify_path (what `diagnose --log FILE` runs) screens slices of the file in forked workers;
+    its report is the one a single sequential read gives, line numbers included."""
+    from ddtree_ops.diagnose.classify import classify_path
+
+    lines: list[bytes] = []
+    for _, raw in ALL_LINES:
+        lines += as_journald(raw)
+    data = b"\n".join(lines * 3) + b"\n"
+    path = tmp_path / "journal.txt"
+    path.write_bytes(data)
+    single = classify_bytes(data)
+    parallel = classify_path(str(path), workers=2, min_bytes=0, chunk_bytes=3000)  # slices cut tracebacks
+    assert _key(parallel) == _key(single) and single.lines == len(lines) * 3

@@ -301,3 +301,27 @@ def test_mixin_hooks_match_each_supported_dflash_worker(version: str) -> None:
     kw = {k.arg: ast.unparse(k.value) for k in decode.keywords}
     assert kw["accept_lens"] == "commit_lens" and kw["next_draft_input"] == "next_draft_input"
     assert "bonus_tokens=bonus" in body
+
+
+@pytest.mark.parametrize("layers,line", [([0, 2], "DDTREE registered as DFlash-family, hidden capture layers [0, 2]"),
+                                         (None, "DDTREE worker started without target hidden capture")])
+def test_worker_says_which_target_layers_sglang_captures(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+                                                         layers: Any, line: str) -> None:
+    """The journal's proof that the hidden capture was set up (or that it was not)."""
+    from ddtree_ops.engine.sglang_shadow import ShadowWorkerMixin
+
+    shadow_env(monkeypatch, DDTREE_SHADOW_SHARE="0.5")
+
+    class Runner:
+        spec_aux_config = types.SimpleNamespace(dflash_target_layer_ids=layers)
+        model_config = types.SimpleNamespace(vocab_size=20)
+
+    class Worker(ShadowWorkerMixin, FakeDFlash):
+        def __init__(self) -> None:
+            self.model_runner = Runner()
+            super().__init__(accept=[0], bonus=[1])
+
+    with caplog.at_level("INFO", logger="ddtree_ops.engine.sglang"):
+        Worker()
+    said = [r.getMessage() for r in caplog.records]
+    assert sum(line in m for m in said) == 1, said

@@ -1,7 +1,9 @@
 """DDTREE on a lab host, with the unit the tool renders for `ddtree-shadow`: without a plugin SGLang
-does not know the name; with a plugin algorithm that is not DFlash-family the target captures no hidden
-states and the first prefill dies; a DFlash-family plugin serves. Throwaway plugins stand in for the
-real engine plugin, installed the way a deploy installs a wheel (`pip install --no-deps`)."""
+does not know the name; registered as a plain CustomSpecAlgo (not DFlash-family, and not saying its draft
+runs TARGET_VERIFY graphs) it dies capturing the draft's CUDA graph, as real SGLang 0.5.17 did
+(tests/data/real-sglang/0.5.17/1_neg_nonfamily_graph_layers13.log); a DFlash-family plugin serves.
+Throwaway plugins stand in for the real engine plugin, installed the way a deploy installs a wheel
+(`pip install --no-deps`)."""
 
 from __future__ import annotations
 
@@ -65,14 +67,14 @@ def test_ddtree_without_a_plugin_is_an_unknown_algorithm(ct129: Any) -> None:
     wait_for("exit 1", lambda: show(ct129, "ExecMainCode", "ExecMainStatus") == {"ExecMainCode": "1", "ExecMainStatus": "1"})
 
 
-def test_ddtree_plugin_without_dflash_family_fails_at_the_first_prefill(ct129: Any) -> None:
+def test_ddtree_plugin_without_dflash_family_dies_at_the_draft_graph_capture(ct129: Any) -> None:
     install(ct129, "labplug_plain", family=False)
     inv = deploy(ct129, "ddtree-shadow")
     log = wait_journal(ct129, inv, "Received sigquit from a child process. It usually means the child failed.")
-    assert "Uvicorn running on http://127.0.0.1:30000" in log and "fired up" not in log
-    assert ("RuntimeError: DFLASH requires target aux hidden capture for prefill, but got None. Make sure the target "
-            "model has DFlash layers-to-capture configured.") in log
-    assert "dflash_worker_v2.py" in log  # the frame points at the real check in the host's sglang
+    assert "Capture draft verify CUDA graph begin." in log and "Uvicorn running on" not in log
+    assert "Scheduler hit an exception: Traceback (most recent call last):" in log
+    assert 'decode_cuda_graph_runner.py", line 277, in __init__' in log  # 0.5.17's frame
+    assert "\nRuntimeError: This should not happen\n" in log
     wait_for("SIGKILL", lambda: show(ct129, "ExecMainStatus")["ExecMainStatus"] == "9")
 
 

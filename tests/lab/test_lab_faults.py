@@ -67,7 +67,9 @@ def test_crash_after_ready_restarts(lab: Any, host: Any) -> None:
     inv = restart(host)
     wait_journal(host, inv, "The server is fired up and ready to roll!")
     assert health(host) == 200
-    log = wait_journal(host, inv, "Received sigquit from a child process", timeout=30)
+    # once serving, SGLang's running-phase SIGQUIT handler answers the scheduler's death
+    log = wait_journal(host, inv, "SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+                       timeout=30)
     assert "RuntimeError: CUDA error: an illegal memory access was encountered" in log
     wait_for("a restart", lambda: int(show(host, "NRestarts")["NRestarts"]) >= 1, timeout=30)
     assert "code=killed, status=9/KILL" in unit_journal(host, lines=200)
@@ -89,7 +91,8 @@ def test_accept_collapse(lab: Any, host: Any) -> None:
     lab.fault("ct129", "accept-collapse")
     inv = restart(host)
     wait_for("readiness", lambda: show(host, "ActiveState")["ActiveState"] == "active", timeout=60)
-    meta = generate(host)["meta_info"]
+    # long enough for a decode line: SGLang logs one every --decode-log-interval (40) forward steps
+    meta = generate(host, "Explain speculative decoding", 128)["meta_info"]
     assert meta["spec_accept_length"] == 1.0 and meta["spec_verify_ct"] == meta["completion_tokens"]
     assert "accept len: 1.00" in wait_journal(host, inv, "accept len: 1.00")
     metrics = host.http("GET", PORT, "/metrics").text
@@ -118,6 +121,5 @@ def test_stray_gpu_process(lab: Any, host: Any) -> None:
     assert stray.unit == "ddtree-lab-stray-gpu.service" and stray.used_mib > 29_000
     inv = restart(host)
     log = wait_journal(host, inv, "Received sigquit from a child process")
-    assert ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-            "Current value: mem_fraction_static=0.81") in log
+    assert "\nRuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n" in log  # 0.5.17's text
     wait_for("SIGKILL", lambda: main_exit(host) == SIGKILL)

@@ -1,10 +1,13 @@
-"""The stand-in as a local process (no lab): SGLang's real parser and plugin loader, the endpoints, and
-each failure with SGLang's own text and exit status."""
+"""The stand-in as a local process (no lab): SGLang's real parser and plugin loader, the endpoints, the
+ddtree plugin's shadow accounting, each failure with SGLang 0.5.17's own text and exit status, and the
+stop."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 from pathlib import Path
@@ -16,9 +19,11 @@ from ddtree_ops.lab.standin import simgpu
 
 from standin_proc import Standin, ddtree_argv, free_port, nextn_argv, start
 
-pytest.importorskip("sglang.srt.server_args")
+if importlib.util.find_spec("sglang") is None:  # found, not imported: only the stand-ins' forkserver imports it
+    pytest.skip("needs sglang (the stand-in runs its parser)", allow_module_level=True)
 pytestmark = pytest.mark.slow
-KILLED = -signal.SIGKILL  # SGLang's launcher kills itself when the scheduler dies (SIGQUIT handler)
+KILLED = -signal.SIGKILL  # SGLang's launcher ends in kill_process_tree, which SIGKILLs the launcher itself
+STORY = "Tell me a story about a lighthouse keeper"
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +66,14 @@ def test_openai_and_info_endpoints(nextn: Standin) -> None:
 def test_metrics_and_log_lines(nextn: Standin) -> None:
     metrics = nextn.get("/metrics")[1].decode()
     assert "sglang:spec_accept_length{" in metrics and "sglang:num_requests_total{" in metrics
+    assert "ddtree_shadow_" not in metrics  # NEXTN has no shadow
+    # SGLang logs a decode batch every --decode-log-interval (40) forward steps: ~55 steps here
+    nextn.post("/generate", {"text": STORY, "sampling_params": {"max_new_tokens": 160}})
     log = nextn.log()
     for line in ("Load weight end. elapsed=", "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 161446, ",
-                 "Capture target verify CUDA graph end. bs=[1, 2, 4]", "max_total_num_tokens=161446, chunked_prefill_size=4096",
+                 "Capture target verify CUDA graph begin. backend=full, num_tokens_per_req=4, bs=[1, 2, 3, 4], ",
+                 "Capture draft extend CUDA graph end. elapsed=",
+                 "max_total_num_tokens=161446, chunked_prefill_size=4096",
                  "Uvicorn running on http://127.0.0.1:", "LAB STAND-IN", "accept len: "):
         assert line in log, line
 
@@ -73,11 +83,18 @@ def test_it_holds_gpu_memory_while_alive(nextn: Standin) -> None:
     assert [h.pid for h in held] == [nextn.proc.pid] and 38_000 < held[0].used_mib < 42_000
 
 
+NODRAFT_GRAPHS = ["--disable-cuda-graph"]
+SHADOW = {"SGLANG_PLUGINS": "ddtree", "DDTREE_SHADOW_SHARE": "1.0", "DDTREE_SHADOW_REPORT_EVERY": "5"}
 CASES = {
     "unknown-flag": lambda port: dict(argv=nextn_argv(port) + ["--speculative-ddtree-budget", "8"]),
     "ddtree-no-plugin": lambda port: dict(argv=ddtree_argv(port)),
     "ddtree-plain-plugin": lambda port: dict(argv=ddtree_argv(port), plugin="plain"),
+    "ddtree-plain-plugin-nograph": lambda port: dict(argv=ddtree_argv(port) + NODRAFT_GRAPHS, plugin="plain"),
     "ddtree-family-plugin": lambda port: dict(argv=ddtree_argv(port), plugin="family"),
+    "ddtree-shadow": lambda port: dict(argv=ddtree_argv(port), env=SHADOW),
+    "ddtree-shadow-off": lambda port: dict(argv=ddtree_argv(port), env={
+        "SGLANG_PLUGINS": "ddtree", "DDTREE_SHADOW_SHARE": "0", "DDTREE_SHADOW_WARN_AFTER": "3"}),
+    "nextn-stop": lambda port: dict(argv=nextn_argv(port)),
     "stray-memory": lambda port: dict(argv=ddtree_argv(port), plugin="family"),
     "libcuda": lambda port: dict(argv=nextn_argv(port), faults=("libcuda-missing",)),
     "hang": lambda port: dict(argv=nextn_argv(port), faults=("hang",)),
@@ -86,7 +103,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Standin]]:
-    """Every case launched at once (each pays SGLang's ~5 s import; in parallel they share the wait)."""
+    """Every case launched at once (forked from one process that imported sglang)."""
     out: dict[str, Standin] = {}
     for name, case in CASES.items():
         port = free_port()
@@ -113,32 +130,118 @@ def test_ddtree_without_a_plugin_is_unknown(runs: dict[str, Standin]) -> None:
     assert "ValueError: Unknown speculative algorithm name: DDTREE" in s.log()
 
 
-def test_ddtree_plugin_that_is_not_dflash_family_dies_at_warmup(runs: dict[str, Standin]) -> None:
+def test_ddtree_plugin_that_is_not_dflash_family_dies_at_the_draft_graph(runs: dict[str, Standin]) -> None:
+    """The seed story as real SGLang 0.5.17 tells it (1_neg_nonfamily_graph_layers13): a plain
+    CustomSpecAlgo does not say its draft may run TARGET_VERIFY graphs."""
     s = runs["ddtree-plain-plugin"]
     assert s.wait_exit() == KILLED
     log = s.log()
-    assert "Uvicorn running on" in log and "The server is fired up" not in log
+    assert "Capture target verify CUDA graph end." in log and "Uvicorn running on" not in log
+    assert "Capture draft verify CUDA graph begin. backend=full, num_tokens_per_req=16" in log
     for text in ("Scheduler hit an exception: Traceback (most recent call last):",
-                 "RuntimeError: DFLASH requires target aux hidden capture for prefill, but got None. Make sure the "
-                 "target model has DFlash layers-to-capture configured.",
-                 "Received sigquit from a child process. It usually means the child failed."):
+                 'decode_cuda_graph_runner.py", line 277, in __init__\n    raise RuntimeError("This should not happen")',
+                 "\nRuntimeError: This should not happen\n",
+                 "Received sigquit from a child process. It usually means the child failed.",
+                 "kill_process_tree called: parent_pid="):
         assert text in log, text
+
+
+def test_without_graphs_it_dies_at_the_first_prefill_with_the_dim_mismatch(runs: dict[str, Standin]) -> None:
+    """2_neg_nonfamily_nograph: no hidden capture, so the target hands the draft its final hidden state."""
+    s = runs["ddtree-plain-plugin-nograph"]
+    assert s.wait_exit() == KILLED
+    log = s.log()
+    assert "Uvicorn running on" in log and "fired up" not in log and "GET /model_info" in log
+    assert re.search(r"ValueError: DFLASH target_hidden feature dim mismatch\. Expected shape \[N, 20480\] "
+                     r"\(num_context_features=5, hidden_size=4096\), but got shape=\(\d+, 4096\)\.", log)
+    tail = log[log.index("ValueError: DFLASH target_hidden"):]
+    order = ["SIGQUIT received. signum=None, frame=None. It usually means one child failed.",
+             "Sleeping 5 seconds before crash diagnostics", "destroy_process_group() was not called",
+             "No live scheduler processes found", "kill_process_tree called:"]
+    assert [tail.index(t) for t in order] == sorted(tail.index(t) for t in order)
 
 
 def test_ddtree_plugin_that_declares_dflash_family_serves(runs: dict[str, Standin]) -> None:
     s = runs["ddtree-family-plugin"]
     s.wait_log("The server is fired up and ready to roll!")
-    _, doc = s.post("/generate", {"text": "Tell me a story", "sampling_params": {"max_new_tokens": 64}})
+    _, doc = s.post("/generate", {"text": STORY, "sampling_params": {"max_new_tokens": 64}})
     assert 3.5 <= doc["meta_info"]["spec_accept_length"] <= 5.5
-    assert "Initialized DFLASH draft runner." in s.log()
+    log = s.log()
+    assert "Initialized DFLASH draft runner. attention_backend=flashinfer, model=DFlashDraftModel, block_size=16" in log
+    assert "DFLASH draft greedy head folded into the draft cuda graph (tp=1)." in log
+    assert "DDTREE shadow" not in log  # a plugin of its own, not the ddtree plugin: no shadow accounting
+
+
+def test_the_ddtree_plugin_shadows_on_simulated_rounds(runs: dict[str, Standin]) -> None:
+    """The real plugin's mixin in front of the stand-in's DFlash worker: its lines and its gauges."""
+    from ddtree_ops.engine.sglang_shadow import REGISTERED
+
+    s = runs["ddtree-shadow"]
+    s.wait_log("The server is fired up and ready to roll!")
+    _, doc = s.post("/generate", {"text": STORY, "sampling_params": {"max_new_tokens": 96}})
+    log = s.log()
+    assert log.count("DDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang 0.5.23, shadow-linear)") == 2
+    assert "] " + REGISTERED % [1, 9, 17, 25, 33] in log
+    assert "DDTREE shadow: budget 15, horizon 15, share 1.000" in log
+    assert "DDTREE shadow: draft head kept eager" in log and "greedy head folded" not in log
+    reports = re.findall(r"DDTREE shadow: rounds=(\d+) sampled=0 tau_chain=([\d.]+) tau_tree=n/a "
+                         r"tau_tree_lower=([\d.]+) cost_ratio=n/a sibling_hits=\[[\d, ]+\] recommendation=\w+", log)
+    # one report every DDTREE_SHADOW_REPORT_EVERY=5 verify rounds, this request's and the warmup's
+    assert [int(r[0]) for r in reports] == list(range(5, 5 * len(reports) + 1, 5))
+    assert int(reports[-1][0]) >= doc["meta_info"]["spec_verify_ct"] // 5 * 5
+    assert all(float(lower) >= 1.0 and float(chain) > 1.0 for _, chain, lower in reports)
+    metrics = s.get("/metrics")[1].decode()
+    assert f"ddtree_shadow_rounds {float(reports[-1][0])}" in metrics
+    assert f"ddtree_shadow_tau_chain {float(reports[-1][1])}" in metrics or "ddtree_shadow_tau_chain " in metrics
+    assert re.search(r'ddtree_shadow_sibling_hits\{depth="1"\} ', metrics)
+
+
+def test_shadow_off_says_so_after_warn_after_rounds(runs: dict[str, Standin]) -> None:
+    from ddtree_ops.engine.sglang_shadow import SILENT
+
+    s = runs["ddtree-shadow-off"]
+    s.wait_log("The server is fired up and ready to roll!")
+    s.post("/generate", {"text": STORY, "sampling_params": {"max_new_tokens": 32}})
+    log = s.log()
+    assert "DFLASH draft greedy head folded into the draft cuda graph (tp=1)." in log  # the plugin let DFlash fold it
+    assert log.count(SILENT % (3, "DDTREE_SHADOW_SHARE is 0")) == 1
+    assert 'ddtree_shadow_silent{reason="DDTREE_SHADOW_SHARE is 0"} 1.0' in s.get("/metrics")[1].decode()
+
+
+def test_stop_of_a_dflash_worker_drains_then_kills_itself(runs: dict[str, Standin]) -> None:
+    """2_dflash, 2_ddtree: the scheduler outlives the process group's SIGTERM; the launcher drains."""
+    s = runs["ddtree-shadow"]
+    s.wait_log("The server is fired up and ready to roll!")
+    s.proc.terminate()  # SIGTERM to the process group, as systemd stops the unit
+    assert s.wait_exit(timeout=30) == KILLED
+    tail = s.log()[s.log().index("SIGTERM received. signum=None frame=None. Draining requests and shutting down..."):]
+    order = ["Gracefully exiting... Remaining number of requests 0. Remaining requests remaining_rids=[].",
+             "destroy_process_group() was not called", "kill_process_tree called: "]
+    assert [tail.index(t) for t in order] == sorted(tail.index(t) for t in order)
+    assert "crashed with exit code" not in tail
+
+
+def test_stop_without_a_dflash_worker_reads_as_a_crashed_scheduler(runs: dict[str, Standin]) -> None:
+    """1_base_*: the scheduler dies of the SIGTERM, the watchdog calls it a crash, SIGQUIT cleans up."""
+    s = runs["nextn-stop"]
+    s.wait_log("The server is fired up and ready to roll!")
+    s.proc.terminate()
+    assert s.wait_exit(timeout=30) == KILLED
+    tail = s.log()[s.log().index("SIGTERM received."):]
+    assert re.search(r"Subprocess scheduler_0 \(pid=\d+\) crashed with exit code -15\. Triggering SIGQUIT for cleanup",
+                     tail)
+    order = ["SIGQUIT received. signum=None, frame=None.", "Sleeping 5 seconds", "No live scheduler processes found",
+             "kill_process_tree called: "]
+    assert [tail.index(t) for t in order] == sorted(tail.index(t) for t in order)
+    assert not simgpu.holders(s.dir / "reg")  # its GPU memory is gone with it
 
 
 def test_stray_memory_is_sglangs_not_enough_memory(runs: dict[str, Standin]) -> None:
     s = runs["stray-memory"]
     assert s.wait_exit() == KILLED
-    assert ("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
-            "Current value: mem_fraction_static=0.85") in s.log()
-    assert "pool_configurator.py" in s.log()
+    assert "\nRuntimeError: Not enough memory. Please try to increase --mem-fraction-static.\n" in s.log()
+    assert 'pool_configurator.py", line 67, in __post_init__' in s.log()
+    assert "Received sigquit from a child process. It usually means the child failed." in s.log()
 
 
 def test_libcuda_fault_is_a_real_ctypes_oserror(runs: dict[str, Standin]) -> None:

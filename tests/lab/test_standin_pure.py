@@ -81,8 +81,8 @@ def test_longer_context_than_the_model_without_the_env_var_is_sglangs_value_erro
 def test_a_stray_30gb_process_leaves_no_room() -> None:
     p = behaviour.plan(inputs(others_mib=30 * 1024))
     assert p.failure == "not-enough-memory" and p.pool.tokens == 0
-    assert p.failure_message == ("Not enough memory. Please try to increase --mem-fraction-static. "
-                                 "Current value: mem_fraction_static=0.85")
+    # 0.5.17's text: MemoryPoolConfig is built without the fraction, so no "Current value" follows
+    assert p.failure_message == "Not enough memory. Please try to increase --mem-fraction-static."
 
 
 def test_nextn_cell_adds_the_eagle_draft_layer() -> None:
@@ -112,11 +112,76 @@ def test_default_fraction_follows_sglangs_heuristic() -> None:
 # ---------------------------------------------------------------- decisions
 
 
-def test_plugin_algorithm_that_is_not_dflash_family_fails_at_the_first_prefill() -> None:
-    p = behaviour.plan(inputs(algorithm="DDTREE", kind="custom"))
-    assert p.failure == "aux-hidden"
-    assert p.failure_message.startswith("DFLASH requires target aux hidden capture for prefill, but got None.")
-    assert p.pool.draft_cell == 0  # no draft pool: SGLang only adds it for DFlash-family algorithms
+TINY = Path(__file__).resolve().parents[2] / "bench" / "realsglang" / "models"
+TINY_TARGET = json.loads((TINY / "tiny-qwen3" / "config.json").read_text())
+TINY_DRAFT = json.loads((TINY / "tiny-qwen3-dflash" / "config.json").read_text())
+
+
+def tiny(layer_ids: list[int] | None = None, **kw: object) -> behaviour.Plan:
+    """The real runs' models (4-layer Qwen3, 1-layer DFlash draft) on the H200 of the real runs."""
+    draft = json.loads(json.dumps(TINY_DRAFT))
+    if layer_ids is not None:
+        draft["dflash_config"]["target_layer_ids"] = layer_ids
+    base = dict(algorithm="DDTREE", kind="dflash", target_cfg=TINY_TARGET, target_index=None, draft_cfg=draft,
+                total_mib=143771, others_mib=0, mem_fraction_static=0.2, context_length=2048, cuda_graph_max_bs=8)
+    base.update(kw)
+    return behaviour.plan(behaviour.Inputs(**base))  # type: ignore[arg-type]
+
+
+# The three real forms of "DDTREE without DFlash-family hidden capture", chosen by what the
+# registered spec class answers (tests/data/real-sglang/0.5.17: 2_neg_plain_graph,
+# 1_neg_nonfamily_graph_layers13, 2_neg_nonfamily_nograph)
+
+
+def test_plain_custom_algorithm_with_graphs_dies_sizing_the_graphs() -> None:
+    # no server-args hook: --speculative-num-draft-tokens stays unset, the graphs are sized by None
+    p = tiny(kind="custom", dflash_hook=False, verify_for_draft=False)
+    assert p.failure == "graph-shape" and p.block is None
+    assert p.failure_message == "unsupported operand type(s) for *: 'int' and 'NoneType'"
+    assert not any("Max running requests" in w for w in p.warnings)
+    assert p.worker == "dflash" and p.draft_window == 8  # the DFlash worker falls back to the draft's block
+
+
+def test_non_family_subclass_with_graphs_dies_at_the_draft_graph() -> None:
+    p = tiny(kind="custom", dflash_hook=True, verify_for_draft=False)
+    assert p.failure == "draft-graph" and p.failure_message == "This should not happen"
+    assert p.block == 8 and any("Max running requests is reset to 48" in w for w in p.warnings)
+
+
+def test_non_family_without_graphs_dies_at_the_first_prefill() -> None:
+    p = tiny(kind="custom", dflash_hook=True, verify_for_draft=False, cuda_graph=False)
+    assert p.failure == "hidden-dim"
+    assert (p.hidden_expected, p.hidden_got) == (512, 256)  # 2 features x 256 expected, the final hidden state got
+    assert p.capture_layers is None and p.pool.draft_cell == 0 and p.side_draft_cell == 256 * 2
+
+
+def test_plain_custom_algorithm_without_graphs_dies_at_the_first_prefill_too() -> None:
+    # no real log for this one: without graphs nothing is sized by the unset width
+    assert tiny(kind="custom", dflash_hook=False, verify_for_draft=False, cuda_graph=False).failure == "hidden-dim"
+
+
+def test_a_draft_layer_at_the_targets_last_layer_is_never_captured() -> None:
+    # Qwen3 captures before layer id + 1: id 3 of 4 layers has no "before layer 4" (1_dflash_layers13)
+    p = tiny([1, 3], algorithm="DFLASH")
+    assert p.failure == "hidden-dim" and (p.hidden_expected, p.hidden_got) == (512, 256)
+    ok = tiny([0, 2], algorithm="DFLASH")
+    assert ok.failure is None and ok.capture_layers == [0, 2] and ok.accept_mean > 1
+
+
+def test_family_pool_counts_the_draft_and_non_family_allocates_it_beside() -> None:
+    family, other = tiny([0, 2]), tiny([0, 2], kind="custom", dflash_hook=True, verify_for_draft=False)
+    assert family.pool.draft_cell == 2 * 2 * 64 * 1 * 2 and other.pool.draft_cell == 0
+    # the real pools: 11644462 (DFLASH, 2_dflash) and 14555577 (not family, 2_neg_nonfamily_nograph)
+    assert abs(family.pool.tokens - 11_644_462) / 11_644_462 < 0.02
+    assert abs(other.pool.tokens - 14_555_577) / 14_555_577 < 0.02
+
+
+def test_graph_lists_are_sglangs() -> None:
+    p = tiny([0, 2], cuda_graph_max_bs_prefill=256)
+    assert p.graph_bs == [1, 2, 3, 4, 5, 6, 7, 8]  # speculative: dense up to 8 (2_dflash)
+    assert p.prefill_graph_tokens[-1] == 256 and len(p.prefill_graph_tokens) == 22
+    base = tiny(algorithm=None, kind="none", draft_cfg=None)
+    assert base.graph_bs == [1, 2, 4, 8] and base.max_running_requests == 4096  # 1_base_graph
 
 
 def test_dflash_family_without_layer_ids_serves_with_acceptance_one() -> None:
@@ -211,3 +276,112 @@ def test_registry_ignores_dead_processes(tmp_path: Path) -> None:
     simgpu.register(2000, pid=2**22 - 3, registry=tmp_path)  # no such pid
     assert simgpu.used_mib(tmp_path) == 1000
     assert not (tmp_path / f"{2**22 - 3}.json").exists()
+
+
+# ---------------------------------------------------------------- per-round commits
+
+
+def test_round_commits_add_up_to_the_completion() -> None:
+    for i in range(50):
+        st = textgen.spec_stats(f"p{i}", 48, mean=4.6, spread=0.6, cap=8)
+        commits = textgen.round_commits(f"p{i}", 48, st.verify_ct)
+        assert sum(commits) == 48 and len(commits) == st.verify_ct and 1 <= min(commits) <= max(commits) <= 8
+
+
+# ---------------------------------------------------------------- milestones (the conformance test's rules)
+
+REAL_LOG = (Path(__file__).resolve().parents[2] / "tests" / "data" / "real-sglang" / "0.5.17" / "2_dflash.log").read_text()
+
+
+def test_a_log_conforms_to_itself_whatever_its_numbers() -> None:
+    from ddtree_ops.lab.standin import milestones
+
+    other = REAL_LOG.replace("2026-12-01 17:5", "2031-01-09 08:0").replace("pid=464", "pid=99").replace(
+        "31001", "40404").replace("/opt/sglang/venv/lib/python3.12/", "/srv/venv/lib/python3.11/")
+    assert milestones.compare(REAL_LOG, other).ok
+
+
+def test_a_missing_or_reordered_milestone_is_named() -> None:
+    from ddtree_ops.lab.standin import milestones
+
+    lines = REAL_LOG.splitlines()
+    ready = next(i for i, ln in enumerate(lines) if "fired up" in ln)
+    without = "\n".join(lines[:ready] + lines[ready + 1:])
+    rep = milestones.compare(REAL_LOG, without)
+    assert not rep.ok and "The server is fired up and ready to roll!" in rep.explain()
+    moved = "\n".join([lines[ready]] + lines[:ready] + lines[ready + 1:])
+    assert not milestones.compare(REAL_LOG, moved).ok
+
+
+def test_a_milestone_the_real_log_lacks_fails_but_the_plugins_lines_do_not() -> None:
+    from ddtree_ops.lab.standin import milestones
+
+    extra = REAL_LOG + "\n[2026-12-01 17:55:00] Received sigquit from a child process. It usually means the child failed."
+    rep = milestones.compare(REAL_LOG, extra)
+    assert not rep.ok and rep.extra[0].name == "launch_sigquit"
+    plugin = REAL_LOG + ("\nDDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang 0.5.17, shadow-linear)"
+                         "\n[2026-12-01 17:55:00] DDTREE registered as DFlash-family, hidden capture layers [0, 2]")
+    assert milestones.compare(REAL_LOG, plugin).ok
+
+
+def test_kv_pool_within_two_percent() -> None:
+    from ddtree_ops.lab.standin import milestones
+
+    assert milestones.kv_tokens(REAL_LOG) == [11644462, 11644462]
+    near = REAL_LOG.replace("#tokens: 11644462", "#tokens: 11800000")
+    far = REAL_LOG.replace("#tokens: 11644462", "#tokens: 12000000")
+    assert milestones.compare(REAL_LOG, near).ok
+    rep = milestones.compare(REAL_LOG, far)
+    assert not rep.ok and "+3.05%" in rep.explain()
+
+
+# ---------------------------------------------------------------- the ddtree plugin in the stand-in
+
+
+def test_only_the_ddtree_plugins_worker_runs_its_shadow() -> None:
+    from types import SimpleNamespace
+
+    from ddtree_ops.engine import sglang_plugin
+    from ddtree_ops.lab.standin import shadow
+
+    assert shadow.is_plugin_worker(SimpleNamespace(factory=sglang_plugin.worker_factory))
+    assert not shadow.is_plugin_worker(SimpleNamespace(factory=lambda sa: object))
+    assert not shadow.is_plugin_worker(object())  # an enum algorithm (DFLASH): no factory at all
+
+
+def test_without_torch_the_shadow_is_off_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from ddtree_ops.lab.standin import shadow
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a))
+    assert shadow.plugin_mixin() == (None, "torch is not installed")
+
+
+def test_the_plugins_gauges_without_prometheus_client() -> None:
+    """The lab's venv has no prometheus_client: the plugin's own _Metrics still names and sets its
+    gauges, through the stand-in's recorder, in Prometheus text format."""
+    import sys
+
+    from ddtree_ops.engine.shadow import BoundTally
+    from ddtree_ops.lab.standin import shadow
+
+    recorder = shadow._recorder_module()
+    saved = sys.modules.get("prometheus_client")
+    sys.modules["prometheus_client"] = recorder
+    try:
+        from ddtree_ops.engine.sglang_shadow import _Metrics
+
+        metrics = _Metrics(3)
+    finally:
+        if saved is not None:
+            sys.modules["prometheus_client"] = saved
+    tally = BoundTally(3)
+    for chain, lower in ((2, 3), (1, 1), (4, 4)):
+        tally.add(chain, lower)
+    metrics.publish(tally.report())
+    text = recorder.render()
+    assert "# TYPE ddtree_shadow_rounds gauge\nddtree_shadow_rounds 3.0\n" in text
+    assert 'ddtree_shadow_sibling_hits{depth="2"} 1.0' in text
+    assert "ddtree_shadow_tau_chain 2.3333333333333335" in text

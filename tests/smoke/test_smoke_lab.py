@@ -135,7 +135,9 @@ def test_stopped_unit_is_critical(lab_: Any, tmp_path: Path) -> None:
     try:
         rc, doc, _ = smoke(lab_, tmp_path, "ct129")
         assert rc == 2
-        assert host_doc(doc, "ct129")["reasons"][0].startswith("unit inactive")
+        # SGLang's launcher ends a stop by SIGKILLing itself (kill_process_tree), which systemd
+        # records as a failed stop (Result=signal) rather than inactive
+        assert host_doc(doc, "ct129")["reasons"][0].startswith(("unit failed", "unit inactive"))
     finally:
         lab_.restore("ct129")
 

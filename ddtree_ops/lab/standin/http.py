@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Optional
 
-from . import sglog, textgen
+from . import lines, sglog, textgen
 
 NOT_FOUND = {"detail": "Not Found"}
 
@@ -47,9 +47,13 @@ class State:
     model_info: dict[str, Any]
     enable_metrics: bool
     cuda_graph: bool
+    decode_log_interval: int = 40
+    shadow: Any = None  # the ddtree plugin's worker (shadow.ShadowRun) when DDTREE is served by it
     phase: str = "starting"
     stats: Stats = field(default_factory=Stats)
     log_batches: bool = True
+    inflight: dict[str, float] = field(default_factory=dict)  # rid -> start (the drain waits for these)
+    shutting_down: bool = False
 
     def ready(self) -> bool:
         return self.phase == "ready"
@@ -64,7 +68,8 @@ class Handler:
         self.state = state
 
     # ------------------------------------------------------------------ generation
-    def _generate_one(self, prompt: str, params: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    def _generate_one(self, prompt: str, params: dict[str, Any]) -> tuple[dict[str, Any], float, list[int]]:
+        """One prompt: its output, its latency and the tokens each forward step committed."""
         s = self.state
         max_new = int(params.get("max_new_tokens", 128) or 128)
         toks, finish = textgen.continuation(prompt, max_new)
@@ -75,10 +80,10 @@ class Handler:
                                                       else {"type": "stop", "matched": textgen.EOS_TOKEN_ID}),
             "prompt_tokens": prompt_tokens, "weight_version": "default", "total_retractions": 0,
             "completion_tokens": completion, "cached_tokens": 0}
-        steps = completion
+        steps = [1] * completion
         if s.speculative:
             st = textgen.spec_stats(prompt, completion, mean=s.accept_mean, spread=s.accept_spread, cap=s.draft_window)
-            steps = st.verify_ct
+            steps = textgen.round_commits(prompt, completion, st.verify_ct)
             meta.update({"spec_verify_ct": st.verify_ct, "spec_accept_length": round(st.accept_length, 4),
                          "spec_accept_rate": round(st.accept_rate, 4), "spec_num_correct_drafts": st.num_correct_drafts,
                          "spec_num_proposed_drafts": st.num_proposed_drafts,
@@ -86,28 +91,45 @@ class Handler:
             s.stats.spec_verify_ct += st.verify_ct
             s.stats.spec_accept_tokens += completion
             s.stats.last_accept_length = st.accept_length
-        latency = 0.004 + prompt_tokens * 0.0002 + steps * s.step_s
+            if s.shadow is not None:
+                s.shadow.prefill()
+                s.shadow.rounds(steps)
+        latency = 0.004 + prompt_tokens * 0.0002 + len(steps) * s.step_s
         meta["e2e_latency"] = round(latency, 4)
         s.stats.num_requests += 1
         s.stats.prompt_tokens += prompt_tokens
         s.stats.generation_tokens += completion
         s.stats.last_gen_throughput = completion / latency if latency else 0.0
         s.stats.e2e.append(latency)
-        if s.log_batches:
-            self._log_batches(prompt_tokens, completion, meta)
-        return {"text": "".join(toks), "output_ids": [1000 + (hash(t) % 150000) for t in toks], "meta_info": meta}, latency
+        out = {"text": "".join(toks), "output_ids": [1000 + (hash(t) % 150000) for t in toks], "meta_info": meta}
+        return out, latency, steps
 
-    def _log_batches(self, prompt_tokens: int, completion: int, meta: dict[str, Any]) -> None:
+    def _log_batches(self, outs: list[dict[str, Any]], steps: list[list[int]]) -> None:
+        """The scheduler's batch lines: one prefill for the batch, then a decode line every
+        --decode-log-interval forward steps (SGLang's format)."""
         s = self.state
-        usage = (prompt_tokens + completion) / max(s.max_total_num_tokens, 1)
-        sglog.info(f"Prefill batch, #new-seq: 1, #new-token: {prompt_tokens}, #cached-token: 0, token usage: 0.00, "
-                   f"#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
-                   f"input throughput (token/s): {prompt_tokens / 0.02:.2f}")
-        msg = f"Decode batch, #running-req: 1, #token: {prompt_tokens + completion}, token usage: {usage:.2f}, "
-        if s.speculative:
-            msg += (f"accept len: {meta['spec_accept_length']:.2f}, accept rate: {meta['spec_accept_rate']:.2f}, ")
-        msg += f"cuda graph: {s.cuda_graph}, gen throughput (token/s): {s.stats.last_gen_throughput:.2f}, #queue-req: 0"
-        sglog.info(msg)
+        n = len(outs)
+        new = sum(o["meta_info"]["prompt_tokens"] for o in outs)
+        sglog.info(f"Prefill batch, #new-seq: {n}, #new-token: {new}, #cached-token: 0, token usage: 0.00, "
+                   f"#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: {s.cuda_graph}, "
+                   f"input throughput (token/s): {new / 0.02:.2f}")
+        done = [0] * n
+        interval = max(1, s.decode_log_interval)
+        for step in range(max((len(x) for x in steps), default=0)):
+            for i, x in enumerate(steps):
+                done[i] += x[step] if step < len(x) else 0
+            if (step + 1) % interval:
+                continue
+            msg = (f"Decode batch, #running-req: {n}, #token: {new + sum(done)}, "
+                   f"token usage: {(new + sum(done)) / max(s.max_total_num_tokens, 1):.2f}, ")
+            if s.speculative:
+                metas = [o["meta_info"] for o in outs]
+                acc = sum(m["spec_accept_length"] for m in metas) / n
+                rate = sum(m["spec_accept_rate"] for m in metas) / n
+                msg += f"accept len: {acc:.2f}, accept rate: {rate:.2f}, "
+            msg += (f"cuda graph: {s.cuda_graph}, gen throughput (token/s): {s.stats.last_gen_throughput * n:.2f}, "
+                    "#queue-req: 0")
+            sglog.info(msg)
 
     async def generate(self, body: dict[str, Any]) -> tuple[int, Any, Optional[list[dict[str, Any]]]]:
         text = body.get("text")
@@ -118,12 +140,22 @@ class Handler:
             return 400, {"error": {"message": "Either text or input_ids should be provided."}}, None
         params = body.get("sampling_params") or {}
         prompts = text if isinstance(text, list) else [text]
-        outs, slowest = [], 0.0
+        outs, steps, slowest = [], [], 0.0
         for p in prompts:
-            out, latency = self._generate_one(str(p), params)
+            out, latency, st = self._generate_one(str(p), params)
             outs.append(out)
+            steps.append(st)
             slowest = max(slowest, latency)
-        await asyncio.sleep(slowest)
+        rids = [o["meta_info"]["id"] for o in outs]
+        for rid in rids:
+            self.state.inflight[rid] = time.monotonic()
+        try:
+            if self.state.log_batches:
+                self._log_batches(outs, steps)
+            await asyncio.sleep(slowest)
+        finally:
+            for rid in rids:
+                self.state.inflight.pop(rid, None)
         return 200, (outs if isinstance(text, list) else outs[0]), outs
 
     # ------------------------------------------------------------------ routes
@@ -132,8 +164,17 @@ class Handler:
         path = path.split("?", 1)[0]
         doc: Any
         if path in ("/health", "/health_generate"):
+            if s.shutting_down:
+                sglog.info(lines.HEALTH_DURING_SHUTDOWN)
+                return 503, b"", "text/plain", None
             if not s.ready():  # SGLang answers 503 while ServerStatus is Starting
                 return 503, b"", "text/plain", None
+            # a one-token generation (input_ids [0]); SGLang answers once it has seen the scheduler
+            # respond, checking every second
+            sglog.info("Prefill batch, #new-seq: 1, #new-token: 1, #cached-token: 0, token usage: 0.00, "
+                       "#running-req: 0, #queue-req: 0, #pending-token: 0, cuda graph: False, "
+                       "input throughput (token/s): 2.12")
+            await asyncio.sleep(1.0)
             return 200, b"", "text/plain", None
         if s.phase == "hung" and path in ("/generate", "/v1/chat/completions", "/v1/completions"):
             await asyncio.sleep(3600)  # the scheduler never answers: the request just waits
@@ -208,10 +249,10 @@ class Handler:
     def metrics(self) -> str:
         s, st = self.state, self.state.stats
         labels = f'{{engine_type="unified",model_name="{s.served_model_name}",pp_rank="0",tp_rank="0"}}'
-        lines: list[str] = []
+        out: list[str] = []
 
         def metric(name: str, kind: str, help_: str, value: float) -> None:
-            lines.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"])
+            out.extend([f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name}{labels} {value}"])
 
         metric("sglang:num_running_reqs", "gauge", "The number of running requests.", 0.0)
         metric("sglang:num_queue_reqs", "gauge", "The number of requests in the waiting queue.", 0.0)
@@ -233,14 +274,17 @@ class Handler:
                float(st.generation_tokens))
         metric("sglang:num_requests_total", "counter", "Number of requests processed.", float(st.num_requests))
         buckets = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
-        lines += ["# HELP sglang:e2e_request_latency_seconds Histogram of End-to-end request latency in seconds",
-                  "# TYPE sglang:e2e_request_latency_seconds histogram"]
+        out += ["# HELP sglang:e2e_request_latency_seconds Histogram of End-to-end request latency in seconds",
+                "# TYPE sglang:e2e_request_latency_seconds histogram"]
         for b in buckets:
-            lines.append(f'sglang:e2e_request_latency_seconds_bucket{labels[:-1]},le="{b}"}} {sum(1 for e in st.e2e if e <= b)}')
-        lines.append(f'sglang:e2e_request_latency_seconds_bucket{labels[:-1]},le="+Inf"}} {len(st.e2e)}')
-        lines.append(f"sglang:e2e_request_latency_seconds_count{labels} {len(st.e2e)}")
-        lines.append(f"sglang:e2e_request_latency_seconds_sum{labels} {round(sum(st.e2e), 6)}")
-        return "\n".join(lines) + "\n"
+            out.append(f'sglang:e2e_request_latency_seconds_bucket{labels[:-1]},le="{b}"}} {sum(1 for e in st.e2e if e <= b)}')
+        out.append(f'sglang:e2e_request_latency_seconds_bucket{labels[:-1]},le="+Inf"}} {len(st.e2e)}')
+        out.append(f"sglang:e2e_request_latency_seconds_count{labels} {len(st.e2e)}")
+        out.append(f"sglang:e2e_request_latency_seconds_sum{labels} {round(sum(st.e2e), 6)}")
+        text = "\n".join(out) + "\n"
+        if s.shadow is not None:  # the ddtree plugin's gauges, as it exports them
+            text += s.shadow.metrics_text()
+        return text
 
 
 def _parse(body: bytes) -> Optional[dict[str, Any]]:

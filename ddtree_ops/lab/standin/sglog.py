@@ -1,9 +1,8 @@
-"""SGLang's log format and tracebacks that point into the host's real sglang source."""
+"""SGLang's log format (the logger it configures, uvicorn's lines through it)."""
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -45,22 +44,12 @@ def sglang_dir() -> Path | None:
         return None
 
 
-def frame(rel: str, func: str, needle: str, *, back_to: str | None = None) -> str:
-    """One traceback frame at the line of `needle` in the installed sglang source (empty when the
-    source moved: the traceback just gets shorter, it never lies about a line)."""
-    root = sglang_dir()
-    if root is None:
-        return ""
-    path = root / rel
-    lines = _lines(str(path))
-    for i, line in enumerate(lines):
+def frame_in(path: Path, func: str, needle: str) -> str:
+    """One traceback frame at the line of `needle` in `path` (empty when it is not there: the
+    traceback just gets shorter, it never names a line that does not say this)."""
+    for i, line in enumerate(_lines(str(path))):
         if needle in line:
-            if back_to:
-                j = i
-                while j > 0 and back_to not in lines[j]:
-                    j -= 1
-                i = j if back_to in lines[j] else i
-            return f'  File "{path}", line {i + 1}, in {func}\n    {lines[i].strip()}\n'
+            return f'  File "{path}", line {i + 1}, in {func}\n    {line.strip()}\n'
     return ""
 
 
@@ -70,21 +59,3 @@ def _lines(path: str) -> tuple[str, ...]:
         return tuple(Path(path).read_text().splitlines())
     except OSError:
         return ()
-
-
-def traceback_text(frames: list[str], exc_line: str) -> str:
-    return "Traceback (most recent call last):\n" + "".join(f for f in frames if f) + exc_line
-
-
-def scheduler_crash(tb: str) -> None:
-    """What SGLang prints when the scheduler child dies, then how the launcher ends: the child logs the
-    traceback and sends SIGQUIT; the parent's handler kills the whole process tree, itself by SIGKILL."""
-    error(f"Scheduler hit an exception: {tb}")
-    error("Received sigquit from a child process. It usually means the child failed.")
-    pid = os.getpid()
-    info(f"kill_process_tree called: parent_pid={pid}, include_parent=True, pid={pid}")
-    for h in logging.getLogger().handlers:
-        h.flush()
-    sys.stderr.flush()
-    sys.stdout.flush()
-    os.kill(pid, 9)

@@ -73,3 +73,14 @@ def spec_stats(prompt: str, completion_tokens: int, *, mean: float, spread: floa
     verify_ct = min(verify_ct, completion_tokens)
     correct = completion_tokens - verify_ct
     return SpecStats(verify_ct, completion_tokens / verify_ct, correct, verify_ct * max(cap - 1, 0))
+
+
+def round_commits(prompt: str, completion_tokens: int, verify_ct: int) -> list[int]:
+    """The tokens each verify round committed (bonus included), summing to the completion: as even
+    as the counts allow, the longer rounds placed by the prompt's hash."""
+    if verify_ct <= 0 or completion_tokens <= 0:
+        return []
+    base, extra = divmod(completion_tokens, verify_ct)
+    order = sorted(range(verify_ct), key=lambda i: _seed(f"round:{prompt}:{i}"))
+    longer = set(order[:extra])
+    return [base + (1 if i in longer else 0) for i in range(verify_ct)]
