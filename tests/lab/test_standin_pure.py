@@ -370,11 +370,15 @@ def test_the_plugins_gauges_without_prometheus_client() -> None:
     recorder = shadow._recorder_module()
     saved = sys.modules.get("prometheus_client")
     sys.modules["prometheus_client"] = recorder
-    try:
-        from ddtree_ops.engine.sglang_shadow import _Metrics
+    from ddtree_ops.engine.sglang_shadow import _Metrics
 
+    # one set of gauges per process: an earlier test's (made with the real prometheus_client) must
+    # not stand in for the recorder's
+    shared, _Metrics._shared = _Metrics._shared, None
+    try:
         metrics = _Metrics(3)
     finally:
+        _Metrics._shared = shared
         if saved is not None:
             sys.modules["prometheus_client"] = saved
     tally = BoundTally(3)
