@@ -169,8 +169,28 @@ def judge(obs: Observation, cfg: SmokeSection) -> HostResult:
         checks.append(Check("accept_len", None, "no completion"))
         return done()
     checks.append(_accept_check(obs, gen, cfg, perf))
+    if obs.mode == "ddtree-shadow" or obs.algorithm == "DDTREE":
+        checks.append(_shadow_check(obs, perf))
     checks.append(_golden_check(obs.golden, gen.text))
     return done()
+
+
+def _shadow_check(obs: Observation, perf: list[Perf]) -> Check:
+    """DDTREE shadow's point is the measurement: a server that serves but accounts nothing is a
+    WARNING (the plugin's `ddtree_shadow_silent{reason}` gauge), not OK."""
+    sh = obs.shadow
+    if sh is None or not sh.present:
+        return Check("shadow", None, "no ddtree_shadow_* gauges on /metrics (metrics off, or before the first report)")
+    if sh.silent is not None:
+        return Check("shadow", NagiosExit.WARNING, f"shadow accounting is not running: {sh.silent}",
+                     "shadow accounting not running")
+    if sh.rounds is not None:
+        perf.append(Perf(f"{obs.host}_shadow_rounds", sh.rounds, "c"))
+    if sh.tau_tree_lower is not None:
+        perf.append(Perf(f"{obs.host}_tau_tree_lower", sh.tau_tree_lower))
+    tau = f", tau chain {sh.tau_chain:.2f}, tree lower bound {sh.tau_tree_lower:.2f}" if (
+        sh.tau_chain is not None and sh.tau_tree_lower is not None) else ""
+    return Check("shadow", NagiosExit.OK, f"{sh.rounds or 0:.0f} rounds accounted{tau}")
 
 
 _HTTP_PREFIX = re.compile(r"^(?:[\w.-]+: )?(?:(?:GET|POST) \S+ on port \d+ )?")

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host, HostError, HttpUnavailable
 from ddtree_ops.observe import UnitState
-from ddtree_ops.smoke.parse import (ALGORITHM_MODES, Generation, parse_generate, parse_metrics_accept,
-                                    parse_server_info, parse_unit_header)
+from ddtree_ops.smoke.parse import (ALGORITHM_MODES, Generation, ShadowMetrics, parse_generate, parse_metrics_accept,
+                                    parse_metrics_shadow, parse_server_info, parse_unit_header)
 
 if TYPE_CHECKING:
     from ddtree_ops.profile import Profile
@@ -68,6 +68,7 @@ class Observation:
     algorithm: str | None = None  # speculative_algorithm from /server_info ("" = reported as none)
     server_accept_len: float | None = None  # /server_info internal_states avg_spec_accept_length
     metrics_accept_len: float | None = None  # /metrics sglang:spec_accept_length
+    shadow: ShadowMetrics | None = None  # /metrics ddtree_shadow_* (the ddtree plugin's gauges)
     previous: Previous | None = None
     golden: Golden | None = None
     duration_s: float = 0.0  # the whole check, SSH connection included
@@ -112,10 +113,12 @@ def observe_host(host: Host, p: Profile, *, previous: Previous | None = None,
         info = _probe(host, "GET", port, "/get_server_info", timeout=5.0)
     algorithm, server_accept = parse_server_info(info.body) if info.ok else (None, None)
     metrics = _probe(host, "GET", port, "/metrics", timeout=5.0)
-    metrics_accept = parse_metrics_accept(metrics.body.decode("utf-8", "replace")) if metrics.ok else None
+    text = metrics.body.decode("utf-8", "replace") if metrics.ok else ""
+    metrics_accept = parse_metrics_accept(text) if metrics.ok else None
+    shadow = parse_metrics_shadow(text) if metrics.ok else None
     mode = obs.mode or (ALGORITHM_MODES.get(algorithm or "") if algorithm else None)
     return replace(obs, mode=mode, algorithm=algorithm, server_accept_len=server_accept,
-                   metrics_accept_len=metrics_accept)
+                   metrics_accept_len=metrics_accept, shadow=shadow)
 
 
 def _probe(host: Host, method: str, port: int, path: str, *, body: Any = None, timeout: float) -> HttpProbe:

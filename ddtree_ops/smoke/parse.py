@@ -118,6 +118,44 @@ def parse_server_info(body: bytes) -> tuple[str | None, float | None]:
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
+@dataclass(frozen=True)
+class ShadowMetrics:
+    """The ddtree plugin's gauges on /metrics (`ddtree_ops.engine.sglang_shadow._Metrics`)."""
+
+    rounds: float | None = None        # ddtree_shadow_rounds: verify rounds accounted
+    tau_chain: float | None = None
+    tau_tree_lower: float | None = None
+    silent: str | None = None          # the reason of ddtree_shadow_silent{reason} == 1, if set
+
+    @property
+    def present(self) -> bool:
+        return self.rounds is not None or self.silent is not None
+
+
+_REASON = re.compile(r'reason="((?:[^"\\]|\\.)*)"')
+
+
+def parse_metrics_shadow(text: str) -> ShadowMetrics:
+    values: dict[str, float] = {}
+    silent = None
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or not m.group(1).startswith("ddtree_shadow_"):
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        name = m.group(1).removeprefix("ddtree_shadow_")
+        if name == "silent":
+            r = _REASON.search(m.group(2) or "")
+            if value >= 1 and r:
+                silent = r.group(1).replace('\\"', '"')
+        elif not m.group(2):
+            values[name] = value
+    return ShadowMetrics(values.get("rounds"), values.get("tau_chain"), values.get("tau_tree_lower"), silent)
+
+
 def parse_metrics_accept(text: str) -> float | None:
     """Mean of the `sglang:spec_accept_length` gauge over its series (one per rank)."""
     values = []

@@ -340,3 +340,48 @@ def test_fifty_hosts_stay_readable(profiles: dict[str, Any]) -> None:
     block = details[details.index(next(d for d in details if d.startswith("gpu-17"))):][:3]
     assert block[0].startswith("gpu-17 [nextn]: CRITICAL") and block[1].startswith("  unit: OK")
     assert len(details) == 49 + 1 + len(results[16].checks)
+
+
+# ------------------------------------------------------------------ DDTREE shadow's own gauges
+
+DDTREE_UNIT = "# ddtree-ops release=ddtree-shadow-0123456789ab profile_sha256=abcd mode=ddtree-shadow host=ct200\n[Unit]\n"
+
+
+def shadow_exposition(*, silent_reason: str | None) -> bytes:
+    """/metrics as the plugin's own gauges write it (prometheus_client, a fresh registry)."""
+    from prometheus_client import CollectorRegistry, Gauge, generate_latest
+
+    reg = CollectorRegistry()
+    Gauge("ddtree_shadow_rounds", "r", registry=reg).set(0 if silent_reason else 512)
+    Gauge("ddtree_shadow_tau_chain", "c", registry=reg).set(2.81)
+    Gauge("ddtree_shadow_tau_tree_lower", "t", registry=reg).set(3.02)
+    silent = Gauge("ddtree_shadow_silent", "s", ["reason"], registry=reg)
+    if silent_reason:
+        silent.labels(reason=silent_reason).set(1)
+    return metrics() + generate_latest(reg)
+
+
+@pytest.mark.parametrize("silent,state,reason", [
+    (None, NagiosExit.OK, None),
+    ("DDTREE_SHADOW_SHARE is 0", NagiosExit.WARNING, "shadow accounting not running"),
+])
+def test_ddtree_shadow_that_accounts_nothing_is_a_warning(profiles: dict[str, Any], silent: str | None,
+                                                          state: NagiosExit, reason: str | None) -> None:
+    fake = FakeHost(name="ct200", unit_text=DDTREE_UNIT,
+                    routes={"GET /server_info": ok(server_info("DDTREE")),
+                            "GET /metrics": ok(shadow_exposition(silent_reason=silent))})
+    r = check(profiles, fake, host="ct200")
+    shadow = next(c for c in r.checks if c.name == "shadow")
+    assert r.state is state and shadow.state is state
+    if silent:
+        assert r.reasons == [reason] and silent in shadow.detail
+    else:
+        assert shadow.detail == "512 rounds accounted, tau chain 2.81, tree lower bound 3.02"
+        assert r.value("shadow_rounds") == 512
+
+
+def test_shadow_gauges_absent_skip_the_check_and_other_modes_have_none(profiles: dict[str, Any]) -> None:
+    fake = FakeHost(name="ct200", unit_text=DDTREE_UNIT, routes={"GET /server_info": ok(server_info("DDTREE"))})
+    r = check(profiles, fake, host="ct200")
+    assert next(c for c in r.checks if c.name == "shadow").status == "skipped" and r.state is NagiosExit.OK
+    assert "shadow" not in {c.name for c in check(profiles, FakeHost()).checks}
