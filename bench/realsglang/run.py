@@ -20,8 +20,8 @@ sizes its KV pool from the GPU memory free when each starts. For every server th
 - stops every server the way systemd stops a unit (SIGTERM to the whole process group), and runs
   `diagnose` on each log.
 
-Logs, `summary.json` and `report.md` land in --out as one tar (at most 8 files come back from a
-call). `--standin` runs the same flow on this machine with the lab's SGLang stand-in, to check the
+Logs and `summary.json` land in --out as one tar, `realsglang.tar.gz` (at most 8 files come back
+from a call), rewritten after every group. `--standin` runs the same flow on this machine with the lab's SGLang stand-in, to check the
 runner itself before spending device time.
 """
 
@@ -51,7 +51,8 @@ sys.path.insert(0, str(HERE))
 
 from scenarios import GROUPS, Scenario, model_configs  # noqa: E402
 
-ROOT = Path("/tmp/rs")
+DEFAULT_ROOT = Path("/tmp/rs")     # what h200.yaml and scenarios.py name; --root moves a dry run
+ROOT = DEFAULT_ROOT
 SITE = ROOT / "site"
 KV_LINE = re.compile(r"KV Cache is allocated\. .*#tokens: (\d+)")
 T0 = time.monotonic()
@@ -91,7 +92,7 @@ def setup(standin: bool) -> dict[str, Any]:
     profiles = ROOT / "profiles"
     profiles.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "profiles" / "defaults.yaml", profiles / "defaults.yaml")
-    text = (HERE / "h200.yaml").read_text()
+    text = (HERE / "h200.yaml").read_text().replace(str(DEFAULT_ROOT), str(ROOT))
     if standin:
         text = text.replace("/opt/torch/.venv/bin/python3", sys.executable)
     (profiles / "h200.yaml").write_text(text)
@@ -159,9 +160,9 @@ class Server:
         p, mode = self.profile, self.sc.mode
         argv = launch_argv(p, mode)
         env = {**os.environ, **p.service.env, **mode_env(p, mode), **self.sc.env}
+        self.result.update(argv=argv[1:], env={**p.service.env, **mode_env(p, mode), **self.sc.env})
         if standin:
             argv, env = standin_launch(argv, env, self.log.parent / f"{self.sc.name}.standin")
-        self.result.update(argv=argv[1:], env={k: v for k, v in {**p.service.env, **mode_env(p, mode), **self.sc.env}.items()})
         out = open(self.log, "wb")
         out.write(f"# real-sglang run: scenario {self.sc.name}: {self.sc.about}\n".encode())
         out.flush()
@@ -398,11 +399,14 @@ def memory_probe(server: Server, host: Any, standin: bool) -> dict[str, Any]:
 def profile_for(sc: Scenario, port: int) -> Any:
     from ddtree_ops.profile import load_profile
 
-    return load_profile("h200", overrides=[f"service.port={port}", f"service.unit=sglang-{sc.name}.service", *sc.sets])
+    sets = [x.replace(str(DEFAULT_ROOT), str(ROOT)) for x in sc.sets]
+    return load_profile("h200", overrides=[f"service.port={port}", f"service.unit=sglang-{sc.name}.service", *sets])
 
 
 def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Namespace, port0: int) -> list[Server]:
-    scenarios = GROUPS[name]
+    scenarios = [sc for sc in GROUPS[name] if not args.only or sc.name in args.only]
+    if not scenarios:
+        return []
     servers = [Server(sc, profile_for(sc, port0 + i), out / f"{sc.name}.log") for i, sc in enumerate(scenarios)]
     if name == "memory":
         for s in servers:
@@ -423,7 +427,9 @@ def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Nam
                 throughput(host, s.port, 8, 64)
     if name == "serve":
         time.sleep(0.5)
-        servers[0].result["shadow_tax"] = shadow_tax(servers, host, args.reps, args.tokens)
+        summary_tax = shadow_tax(servers, host, args.reps, args.tokens)
+        for s in servers:
+            s.result["shadow_tax"] = summary_tax
     for s in servers:
         if s.alive():
             s.result["server_info"] = fetch(host, s.port, "/server_info")[:4000]
@@ -467,7 +473,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--budget-s", type=float, default=540.0, help="skip a group that would start after this")
+    ap.add_argument("--only", type=lambda v: set(v.split(",")), default=set(), metavar="NAME,...",
+                    help="run only these scenarios of the groups named")
+    ap.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="working directory (models, site, profiles)")
+    ap.add_argument("--port", type=int, default=31000, help="first service port")
     args = ap.parse_args(argv)
+    global ROOT, SITE
+    ROOT, SITE = args.root, args.root / "site"
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     info = setup(args.standin)
@@ -476,7 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     host = LocalHost("h200")
     summary: dict[str, Any] = {"environment": info, "groups": {}, "skipped": []}
     summary["plugin_check"] = cli(["engine", "plugin-check", "--json"])
-    port = 31000
+    port = args.port
     for name in args.groups:
         if time.monotonic() - T0 > args.budget_s:
             summary["skipped"].append(name)
