@@ -49,7 +49,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from scenarios import GROUPS, Scenario, model_configs  # noqa: E402
+from scenarios import GROUPS, SHARED_GPU_CAP, Scenario, model_configs  # noqa: E402
 
 DEFAULT_ROOT = Path("/tmp/rs")     # what h200.yaml and scenarios.py name; --root moves a dry run
 ROOT = DEFAULT_ROOT
@@ -396,18 +396,23 @@ def memory_probe(server: Server, host: Any, standin: bool) -> dict[str, Any]:
 # ------------------------------------------------------------------ groups
 
 
-def profile_for(sc: Scenario, port: int) -> Any:
+def profile_for(sc: Scenario, port: int, shared_gpu: bool) -> Any:
     from ddtree_ops.profile import load_profile
 
-    sets = [x.replace(str(DEFAULT_ROOT), str(ROOT)) for x in sc.sets]
-    return load_profile("h200", overrides=[f"service.port={port}", f"service.unit=sglang-{sc.name}.service", *sets])
+    sets = [f"service.port={port}", f"service.unit=sglang-{sc.name}.service",
+            *(x.replace(str(DEFAULT_ROOT), str(ROOT)) for x in sc.sets)]
+    if shared_gpu:
+        extra = [*load_profile("h200", overrides=sets).service.extra_args, *SHARED_GPU_CAP]
+        sets.append("service.extra_args=" + json.dumps(extra))
+    return load_profile("h200", overrides=sets)
 
 
 def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Namespace, port0: int) -> list[Server]:
     scenarios = [sc for sc in GROUPS[name] if not args.only or sc.name in args.only]
     if not scenarios:
         return []
-    servers = [Server(sc, profile_for(sc, port0 + i), out / f"{sc.name}.log") for i, sc in enumerate(scenarios)]
+    servers = [Server(sc, profile_for(sc, port0 + i, shared_gpu=name != "memory"), out / f"{sc.name}.log")
+               for i, sc in enumerate(scenarios)]
     if name == "memory":
         for s in servers:
             if time.monotonic() - T0 > args.budget_s:
@@ -504,7 +509,8 @@ def main(argv: list[str] | None = None) -> int:
             continue
         port += 20
         for s in servers:
-            s.result["diagnose"] = diagnose(s)
+            if s.log.exists():                 # a probe skipped past the budget left no log
+                s.result["diagnose"] = diagnose(s)
             s.result["expect_label"] = s.sc.label
         summary["groups"][name] = {s.sc.name: s.result for s in servers}
         bundle(args.out, logs, summary)        # after every group: a call cut off keeps what it did

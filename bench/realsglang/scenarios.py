@@ -20,6 +20,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 MODELS = "/tmp/rs/models"
 SIMULATE = {"SGLANG_SIMULATE_ACC_LEN": "3", "SGLANG_SIMULATE_ACC_TOKEN_MODE": "real-draft-token"}
+# the hooks' decisions for the first verify rounds, in the log of every DDTREE arm
+TRACE = {"DDTREE_SHADOW_TRACE": "6"}
+# Servers of one group share the GPU. SGLang sizes its KV pool as (free memory after the weights)
+# - total x (1 - mem_fraction_static), so a server that starts after another has taken its pool
+# sees less free memory and, past the third, none at all (the first run lost two arms to
+# "Loaded weights leave no GPU memory for the KV cache"). A cap keeps every pool small.
+SHARED_GPU_CAP = ("--max-total-tokens", "32768")
 
 
 @dataclass(frozen=True)
@@ -48,10 +55,10 @@ GROUPS: dict[str, list[Scenario]] = {
                  "as DDTREE shadow keeps it", "dflash", "healthy",
                  env={**SIMULATE, "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1"}, tax_arm="dflash-eager-head"),
         Scenario("ddtree_s025", "DDTREE shadow through the ddtree plugin, share 0.25", "ddtree-shadow", "healthy",
-                 sets=("modes.ddtree-shadow.shadow.share=0.25",), env=SIMULATE, tax_arm="ddtree-share-0.25",
+                 sets=("modes.ddtree-shadow.shadow.share=0.25",), env={**SIMULATE, **TRACE}, tax_arm="ddtree-share-0.25",
                  cli_smoke=True),
         Scenario("ddtree_s100", "DDTREE shadow through the ddtree plugin, share 1.0", "ddtree-shadow", "healthy",
-                 sets=("modes.ddtree-shadow.shadow.share=1.0",), env=SIMULATE, tax_arm="ddtree-share-1.0"),
+                 sets=("modes.ddtree-shadow.shadow.share=1.0",), env={**SIMULATE, **TRACE}, tax_arm="ddtree-share-1.0"),
     ],
     "failures": [
         Scenario("layers_last", "DFLASH draft whose target_layer_ids [1, 3] include the target's last layer",
@@ -60,10 +67,12 @@ GROUPS: dict[str, list[Scenario]] = {
                  "dflash", "kv_pool_too_small", sets=_8b(0.08)),
         Scenario("ddtree_share0", "DDTREE shadow with DDTREE_SHADOW_SHARE=0: nothing is accounted",
                  "ddtree-shadow", "shadow_accounting_off",
-                 sets=("modes.ddtree-shadow.shadow.share=0.0",), env={**SIMULATE, "DDTREE_SHADOW_WARN_AFTER": "40"},
+                 sets=("modes.ddtree-shadow.shadow.share=0.0",), env={**SIMULATE, **TRACE, "DDTREE_SHADOW_WARN_AFTER": "40"},
                  extra_requests=3),
+        # SGLang reports a SIGKILLed scheduler as "crashed with exit code -9", which the catalogue
+        # reads as the host OOM killer (the usual sender of that signal to a running server)
         Scenario("crash_after_ready", "DFLASH; the scheduler process is SIGKILLed 2 s into the stay window",
-                 "dflash", "unclassified_crash", sets=("gate.stay_healthy_s=15",), env=SIMULATE, kill_in_stay=2.0),
+                 "dflash", "host_oom", sets=("gate.stay_healthy_s=15",), env=SIMULATE, kill_in_stay=2.0),
     ],
     "memory": [
         *[Scenario(f"mem_8b_{int(m * 100)}", f"memory probe: Qwen3-8B shape + 5-layer DFlash draft, mfs {m}",

@@ -6,7 +6,8 @@ the version table on the control machine, and the plugin reads the environment i
 
 Configuration is by environment, because a plugin has no sanctioned way to add server flags:
 DDTREE_BUDGET, DDTREE_SHADOW_SHARE, DDTREE_SHADOW_REPORT_EVERY, DDTREE_SHADOW_WARN_AFTER,
-DDTREE_VERIFY_COST_RATIO, DDTREE_MODE (only `shadow`).
+DDTREE_VERIFY_COST_RATIO, DDTREE_MODE (only `shadow`), DDTREE_SHADOW_TRACE (log the hooks' decisions
+for the first N verify rounds: what support asks for when a release behaves unlike its source).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class ShadowSettings:
     warn_after: int
     cost_ratio: float | None
     mode: str
+    trace: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,7 +99,8 @@ def read_settings(env: dict[str, str] | None = None) -> tuple[ShadowSettings, li
         report_every=number("DDTREE_SHADOW_REPORT_EVERY", int, DEFAULT_REPORT_EVERY, 1, 10**9),
         warn_after=number("DDTREE_SHADOW_WARN_AFTER", int, DEFAULT_WARN_AFTER, 1, 10**9),
         cost_ratio=number("DDTREE_VERIFY_COST_RATIO", float, None, 0.01, 1000.0),
-        mode=mode)
+        mode=mode,
+        trace=number("DDTREE_SHADOW_TRACE", int, 0, 0, 10**6))
     return settings, problems
 
 

@@ -87,6 +87,7 @@ class _ShadowState:
         self.budget = settings.budget or self.horizon
         self.share = 0.0 if problems else settings.share
         self.warn_after = settings.warn_after
+        self.trace_left = settings.trace
         self.coin = random.Random(0)
         self.stash: tuple[Any, Any] | None = None
         self.pending: deque[_Pending] = deque()
@@ -105,6 +106,11 @@ class _ShadowState:
     @property
     def on(self) -> bool:
         return self.share > 0.0 and self.horizon >= 1
+
+    def trace(self, message: str, *args: Any) -> None:
+        """DDTREE_SHADOW_TRACE: the hooks' decisions for the first verify rounds, at INFO."""
+        if self.trace_left > 0:
+            logger.info("DDTREE shadow trace: " + message, *args)
 
     def once(self, key: str, message: str, *args: Any) -> None:
         if key not in self.warned:
@@ -144,6 +150,9 @@ class _ShadowState:
             accepted = [c - 1 for c in p.commit.tolist()]
             self.acct.observe(p.tokens.view(bs, width - 1, k).tolist(), p.scores.view(bs, width - 1, k).tolist(),
                               p.candidates.tolist(), accepted, p.bonus.view(-1).tolist())
+            if not self.accounted:
+                logger.info("DDTREE shadow: accounting running (first round: %d row(s), %d verify rounds so far)",
+                            bs, self.verify_rounds)
             self.accounted += bs
             self.buffers.give(p.buffers)
 
@@ -163,6 +172,8 @@ class _ShadowState:
 
     def after_round(self) -> None:
         self.verify_rounds += 1
+        if self.verify_rounds % 64 == 1:        # liveness on /metrics between reports
+            self.metrics.progress(self.verify_rounds)
         if not self.accounted and self.verify_rounds >= self.warn_after and "silent" not in self.warned:
             reason = self.silence_reason()
             self.once("silent", SILENT, self.verify_rounds, reason)
@@ -203,6 +214,10 @@ class _Metrics:
         except ValueError:      # registered by someone else in this process
             return {}
         return gauges
+
+    def progress(self, verify_rounds: int) -> None:
+        if self.gauges:
+            self.gauges["verify_rounds"].set(verify_rounds)
 
     def silent(self, verify_rounds: int, reason: str) -> None:
         if self.gauges:
@@ -282,6 +297,7 @@ class ShadowWorkerMixin:
         st.head_calls += 1
         st.stash = None
         if not st.on or st.coin.random() >= st.share:
+            st.trace("head call %d: not sampled (share %.3f)", st.head_calls, st.share)
             return out
         vocab = getattr(getattr(_runner(self), "model_config", None), "vocab_size", None)
         rows = head_rows(lm_head, vocab)
@@ -291,6 +307,8 @@ class ShadowWorkerMixin:
             return out
         st.stash = draft_head_topk(hidden_states, rows, min(st.budget, int(rows.shape[0])), chunk_size)
         st.stashed += 1
+        st.trace("head call %d: top-%d of %d rows stashed", st.head_calls, int(st.stash[0].shape[-1]),
+                 int(hidden_states.shape[0]))
         return out
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -299,15 +317,25 @@ class ShadowWorkerMixin:
             st.drain()
         result = super().forward_batch_generation(batch, *args, **kwargs)  # type: ignore[misc]
         stash, st.stash = st.stash, None
-        if not _is_verify_round(batch):
+        verify = _is_verify_round(batch)
+        commit = getattr(result, "accept_lens", None)
+        bonus = getattr(getattr(result, "next_draft_input", None), "bonus_tokens", None)
+        block = self.__dict__.get("_draft_block_tokens_buf")
+        if st.trace_left > 0 and verify:
+            st.trace("verify round %d: mode %s, stash %s, accept_lens %s, bonus %s, block %s, pending %d, "
+                     "accounted %d", st.verify_rounds + 1, getattr(getattr(batch, "forward_mode", None), "name", "?"),
+                     "yes" if stash is not None else "no", _shape(commit), _shape(bonus), _shape(block),
+                     len(st.pending), st.accounted)
+            st.trace_left -= 1
+        elif st.trace_left > 0:
+            st.trace("call: mode %s, extend_in_batch %s: not a verify round",
+                     getattr(getattr(batch, "forward_mode", None), "name", "?"), getattr(batch, "is_extend_in_batch", "?"))
+        if not verify:
             return result
         st.after_round()
         if stash is None:
             return result
         tokens, scores = stash
-        commit = getattr(result, "accept_lens", None)
-        bonus = getattr(getattr(result, "next_draft_input", None), "bonus_tokens", None)
-        block = self.__dict__.get("_draft_block_tokens_buf")
         if commit is None or bonus is None or block is None:
             st.off_reason = ("this sglang's DFlash worker returns no accept_lens / next_draft_input.bonus_tokens "
                              "or keeps no _draft_block_tokens_buf")
@@ -323,6 +351,10 @@ class ShadowWorkerMixin:
             return result
         st.enqueue(tokens, scores, candidates, commit, bonus)
         return result
+
+
+def _shape(t: Any) -> str:
+    return "None" if t is None else str(tuple(getattr(t, "shape", ())) or type(t).__name__)
 
 
 def _is_verify_round(batch: Any) -> bool:
