@@ -315,9 +315,12 @@ class ShadowWorkerMixin:
         st = self._ddtree()
         if st.pending:
             st.drain()
+        # decided before DFlash runs: real 0.5.17 hands the batch back in TARGET_VERIFY mode, which
+        # ForwardMode.is_extend() counts as an extend (read afterwards, every round looked like a
+        # prefill and nothing was accounted: the second real run's trace)
+        verify = _is_verify_round(batch)
         result = super().forward_batch_generation(batch, *args, **kwargs)  # type: ignore[misc]
         stash, st.stash = st.stash, None
-        verify = _is_verify_round(batch)
         commit = getattr(result, "accept_lens", None)
         bonus = getattr(getattr(result, "next_draft_input", None), "bonus_tokens", None)
         block = self.__dict__.get("_draft_block_tokens_buf")
@@ -330,6 +333,7 @@ class ShadowWorkerMixin:
         elif st.trace_left > 0:
             st.trace("call: mode %s, extend_in_batch %s: not a verify round",
                      getattr(getattr(batch, "forward_mode", None), "name", "?"), getattr(batch, "is_extend_in_batch", "?"))
+            st.trace_left -= 1
         if not verify:
             return result
         st.after_round()
@@ -361,6 +365,9 @@ def _is_verify_round(batch: Any) -> bool:
     mode = getattr(batch, "forward_mode", None)
     if mode is None:
         return False
+    target_verify = getattr(mode, "is_target_verify", None)
+    if target_verify is not None and target_verify():
+        return True
     if mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or mode.is_idle():
         return False
     return True

@@ -87,7 +87,11 @@ class _Mode:
         self.name = name
 
     def is_extend(self) -> bool:
-        return self.name == "extend"
+        # SGLang's ForwardMode.is_extend() is also true of TARGET_VERIFY
+        return self.name in ("extend", "target_verify")
+
+    def is_target_verify(self) -> bool:
+        return self.name == "target_verify"
 
     def is_idle(self) -> bool:
         return self.name == "idle"
@@ -119,6 +123,7 @@ class FakeDFlash:
     def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
         if batch.forward_mode.is_extend():
             return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
+        batch.forward_mode = _Mode("target_verify")   # real 0.5.17 hands the batch back so (its log)
         bs = len(self.accept)
         hidden = torch.randn(bs * (self.block_size - 1), 8, generator=torch.Generator().manual_seed(bs))
         draft = self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=self.head)

@@ -55,7 +55,11 @@ class _Mode:
         self.name = name
 
     def is_extend(self) -> bool:
-        return self.name == "extend"
+        # SGLang's ForwardMode.is_extend() is also true of TARGET_VERIFY
+        return self.name in ("extend", "target_verify")
+
+    def is_target_verify(self) -> bool:
+        return self.name == "target_verify"
 
     def is_idle(self) -> bool:
         return False
@@ -106,6 +110,7 @@ class SimDFlashWorker:
 
         if batch.forward_mode.is_extend():
             return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
+        batch.forward_mode = _Mode("target_verify")   # as real 0.5.17 hands the batch back
         bs, width = len(batch.commits), self.block_size
         hidden = SIM_SHARPNESS * torch.randn(bs * (width - 1), SIM_HIDDEN, generator=self._gen)
         if self._draft_sampler is None:      # eager head (no graph, or kept eager by a plugin)
