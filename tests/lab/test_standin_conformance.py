@@ -12,6 +12,7 @@ import json
 import re
 import shutil
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +28,12 @@ if importlib.util.find_spec("sglang") is None:  # found, not imported: only the 
     pytest.skip("needs sglang (the stand-in runs its parser)", allow_module_level=True)
 
 REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("realsglang_scenarios", REPO / "bench" / "realsglang" / "scenarios.py")
+assert _spec and _spec.loader
+_scenarios = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = _scenarios          # dataclasses look their module up
+_spec.loader.exec_module(_scenarios)
+_SHAPES = _scenarios.model_configs()
 REAL = REPO / "tests" / "data" / "real-sglang" / "0.5.17"
 MODELS = REPO / "bench" / "realsglang" / "models"
 # log -> (summary, run name in it, the draft's target_layer_ids in that run). Run 1 used a draft
@@ -42,6 +49,21 @@ RUNS = {
     "2_ddtree": ("2_summary.txt", "ddtree", None),
     "2_neg_nonfamily_nograph": ("2_summary.txt", "neg_nonfamily_ng", None),
     "2_neg_plain_graph": ("2_summary.txt", "neg_plain", None),
+    # runs 4 and 5 (bench/realsglang/run.py: argv rendered from bench/realsglang/h200.yaml); the
+    # client: the gate's smoke request (1 prompt, 32 tokens), then one arm's share of the shadow-tax
+    # load, shortened (a warm-up at batch 1 and 8, one batch of 8 x 256)
+    "4_layers_last": ("4_summary.json", "failures/layers_last", [1, 3]),
+    "4_kv_too_small": ("4_summary.json", "failures/kv_too_small", None),
+    "5_dflash": ("5_summary.json", "serve/dflash", None),
+    "5_ddtree_s025": ("5_summary.json", "serve/ddtree_s025", None),
+}
+# real logs the stand-in does not replay, and why
+NOT_REPLAYED = {
+    "3_ddtree_s025_shared_gpu": "three other real servers held the GPU's memory",
+    "4_ddtree_s025": "the plugin before the TARGET_VERIFY fix; the stand-in runs the plugin of this tree",
+    "4_crash_after_ready": "the runner SIGKILLed the real scheduler mid-window (the lab's crash fault covers it)",
+    "4_mem_1p7b_30": "a Qwen3-1.7B shape: preflight's memory table holds it (BENCHMARKS.md), not the stand-in",
+    "5_ddtree_s100": "the same run as 5_ddtree_s025 at share 1.0",
 }
 _START = re.compile(r"^\[\d+s\] START (\S+) port=\d+ env=(.*?) args: (.*)$")
 _CLIENT = re.compile(r"^\[\d+s\] CLIENT (\S+): (.*)$")
@@ -58,8 +80,23 @@ class RealRun:
     layer_ids: list[int] | None
 
 
+def _json_run(log: str, summary: str, where: str, layer_ids: list[int] | None) -> RealRun:
+    group, name = where.split("/")
+    run = json.loads((REAL / summary).read_text())["groups"][group][name]
+    argv = [a.replace("/tmp/rs/models/", "/models/").replace("/models/tiny-qwen3-dflash-last", "/models/tiny-qwen3-dflash")
+            for a in run["argv"][2:]]   # after -m sglang.launch_server; the -last draft is made below
+    i = argv.index("--port")
+    del argv[i:i + 2]
+    served = run["gate"].get("smoke") is not None
+    env = {k: v for k, v in run["env"].items() if k != "PYTHONPATH"}
+    env["SGLANG_PLUGINS"] = "ddtree"        # the real site held one plugin, ours, and loaded it
+    return RealRun(log, env, argv, [(1, 32), (1, 64), (8, 64), (8, 256)] if served else [], layer_ids)
+
+
 def real_run(log: str) -> RealRun:
     summary, name, layer_ids = RUNS[log]
+    if summary.endswith(".json"):
+        return _json_run(log, summary, name, layer_ids)
     env: dict[str, str] = {}
     args: list[str] = []
     batches: list[tuple[int, int]] = []
@@ -74,18 +111,27 @@ def real_run(log: str) -> RealRun:
 
 
 def test_every_real_log_has_a_run() -> None:
-    assert sorted(p.stem for p in REAL.glob("*.log")) == sorted(RUNS)
+    assert sorted(p.stem for p in REAL.glob("*.log")) == sorted([*RUNS, *NOT_REPLAYED])
     served = {log: real_run(log).batches for log in RUNS}
     assert served["1_base_graph"] == [(1, 48), (8, 48)] and served["2_ddtree"] == [(1, 48)] + [(8, 48)] * 3
     assert served["2_neg_plain_graph"] == []  # it died before serving
 
 
 def _models(tmp: Path, layer_ids: list[int] | None) -> dict[str, str]:
-    """The run's /models: the committed configs, the draft's layer ids as in that run."""
+    """The run's /models: the committed configs (and the larger shapes the real-SGLang runner
+    writes from them), the draft's layer ids as in that run."""
     out = {}
     for name in ("tiny-qwen3", "tiny-qwen3-dflash"):
         dest = tmp / "models" / name
         shutil.copytree(MODELS / name, dest, dirs_exist_ok=True)
+        out[f"/models/{name}"] = str(dest)
+    for name in ("qwen3-8b", "qwen3-8b-dflash"):
+        dest = tmp / "models" / name
+        dest.mkdir(parents=True, exist_ok=True)
+        for fname, content in _SHAPES[name].items():
+            (dest / fname).write_text(content if isinstance(content, str) else json.dumps(content, indent=1))
+        for tok in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(MODELS / "tiny-qwen3" / tok, dest / tok)
         out[f"/models/{name}"] = str(dest)
     if layer_ids is not None:
         cfg_path = tmp / "models" / "tiny-qwen3-dflash" / "config.json"

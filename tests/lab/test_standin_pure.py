@@ -80,9 +80,13 @@ def test_longer_context_than_the_model_without_the_env_var_is_sglangs_value_erro
 
 def test_a_stray_30gb_process_leaves_no_room() -> None:
     p = behaviour.plan(inputs(others_mib=30 * 1024))
-    assert p.failure == "not-enough-memory" and p.pool.tokens == 0
-    # 0.5.17's text: MemoryPoolConfig is built without the fraction, so no "Current value" follows
-    assert p.failure_message == "Not enough memory. Please try to increase --mem-fraction-static."
+    assert p.failure == "weights-leave-no-kv" and p.pool.tokens == 0 and p.pool.rest <= 0
+    # 0.5.17's text when the weights leave no rest (real: 3_ddtree_s025_shared_gpu, 4_kv_too_small)
+    assert p.failure_message.startswith("Loaded weights leave no GPU memory for the KV cache under "
+                                        "--mem-fraction-static=0.85. Raise --mem-fraction-static above ")
+    minimum = 1 - p.pool.post / p.pool.pre
+    assert f"(minimum viable = 1 - available/pre = {minimum:.4f})" in p.failure_message
+
 
 
 def test_nextn_cell_adds_the_eagle_draft_layer() -> None:

@@ -3,6 +3,8 @@ and the injected faults: never from a scenario name. Pure, so it is tested witho
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -219,6 +221,11 @@ def plan(x: Inputs) -> Plan:
     verify_for_draft = x.verify_for_draft if x.verify_for_draft is not None else family
     if "libcuda-missing" in x.faults:
         p.failure = "libcuda"
+    elif not pool.fits and pool.rest <= 0:
+        # 0.5.17 checks the rest before sizing a pool: weights past the static budget
+        minimum = 1 - pool.post / pool.pre
+        p.failure, p.failure_message = "weights-leave-no-kv", lines.WEIGHTS_LEAVE_NO_KV.format(
+            mfs=mfs, suggested=math.ceil(minimum * 1000) / 1000, minimum=minimum)
     elif not pool.fits:
         p.failure, p.failure_message = "not-enough-memory", lines.NOT_ENOUGH_MEMORY
     elif x.cuda_graph and spec and block is None:

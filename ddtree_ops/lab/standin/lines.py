@@ -68,6 +68,11 @@ DIM_MISMATCH = ("DFLASH target_hidden feature dim mismatch. Expected shape [N, {
 DRAFT_GRAPH_ERROR = "This should not happen"  # 1_neg_nonfamily_graph_layers13
 GRAPH_TYPE_ERROR = "unsupported operand type(s) for *: 'int' and 'NoneType'"  # 2_neg_plain_graph
 NOT_ENOUGH_MEMORY = "Not enough memory. Please try to increase --mem-fraction-static."  # source: pool_configurator.py
+# source: 0.5.17 kv_cache_configurator.py _profile_available_bytes, when the weights leave no rest
+# (real: tests/data/real-sglang/0.5.17/4_kv_too_small.log)
+WEIGHTS_LEAVE_NO_KV = ("Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static={mfs}. "
+                       "Raise --mem-fraction-static above {suggested} (minimum viable = 1 - available/pre = "
+                       "{minimum:.4f}). If using speculative decoding, draft weights are now counted.")
 CAPTURE_FAILED_HINT = ("Possible solutions:\n1. set --mem-fraction-static to a smaller value (e.g., 0.8 or 0.7)\n"
                        "2. set --cuda-graph-max-bs-decode to a smaller value (e.g., 16)\n"
                        "3. disable decode CUDA graph by --cuda-graph-backend-decode=disabled. (Not recommended. Huge "
@@ -182,6 +187,14 @@ TB_NOT_ENOUGH_MEMORY = '''\
   File "<string>", line 13, in __init__
   File "{sglang}/srt/model_executor/pool_configurator.py", line 67, in __post_init__
     raise RuntimeError(msg)
+'''
+# the same chain up to the rest-memory check, which raises before any pool is sized
+TB_WEIGHTS_LEAVE_NO_KV = TB_NOT_ENOUGH_MEMORY.split('  File "{sglang}/srt/mem_cache/kv_cache_configurator.py", line 1783')[0] + \
+    '''  File "{sglang}/srt/mem_cache/kv_cache_configurator.py", line 1782, in _resolve_memory_pool_config
+    available_bytes = self._profile_available_bytes(pre_model_load_memory)
+                      ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File "{sglang}/srt/mem_cache/kv_cache_configurator.py", line 1647, in _profile_available_bytes
+    raise ValueError(
 '''
 # source: target graph capture (decode_cuda_graph_runner.py raises "Capture cuda graph failed")
 TB_GRAPH_OOM = '''\

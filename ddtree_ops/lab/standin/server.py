@@ -276,8 +276,8 @@ class SchedulerChild:
                     prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: never outlive the launcher
                 for sig in (signal.SIGQUIT, signal.SIGINT, signal.SIGHUP):
                     signal.signal(sig, signal.SIG_DFL)
-                # 0.5.17's DFlash scheduler outlived the process group's SIGTERM and left after
-                # ShutdownReq (2_dflash, 2_ddtree); without a draft it died of it (1_base_*)
+                # some real 0.5.17 schedulers outlived the process group's SIGTERM and left after
+                # ShutdownReq, others died of it (see start())
                 signal.signal(signal.SIGTERM, signal.SIG_IGN if outlives_sigterm else signal.SIG_DFL)
                 signal.signal(signal.SIGUSR1, lambda *_: SchedulerChild._exit_clean())
                 if plugin_output:
@@ -354,7 +354,11 @@ class Scheduler:
     # ---- process handling, as SGLang's launcher does it
     def start(self) -> None:
         t0 = time.monotonic()
-        self.child = SchedulerChild(self.plugin_output, outlives_sigterm=self.p.worker == "dflash")
+        # which real schedulers outlived the process group's SIGTERM: the DFlash ones with prefill
+        # graphs captured (2_dflash, 2_ddtree); with prefill graphs off (runs 4 and 5, which also
+        # had --enable-metrics) and without a draft (1_base_*) it died of it
+        outlives = self.p.worker == "dflash" and self.x.cuda_graph and bool(self.p.prefill_graph_tokens)
+        self.child = SchedulerChild(self.plugin_output, outlives_sigterm=outlives)
         signal.signal(signal.SIGQUIT, lambda *_: self._launch_sigquit())
         atexit.register(simgpu.unregister)
         asyncio.run(self.run(t0))
@@ -486,6 +490,10 @@ class Scheduler:
             await asyncio.sleep(0.1)
             await self.crash(self.tb([lines.TB_SCHEDULER_INIT, lines.TB_NOT_ENOUGH_MEMORY],
                                      f"RuntimeError: {p.failure_message}\n"))
+        if p.failure == "weights-leave-no-kv":
+            await asyncio.sleep(0.1)
+            await self.crash(self.tb([lines.TB_SCHEDULER_INIT, lines.TB_WEIGHTS_LEAVE_NO_KV],
+                                     f"ValueError: {p.failure_message}\n"))
         dtype = memory.TORCH_DTYPE.get(memory.kv_bytes(self.x.kv_cache_dtype, self.t.dtype_bytes), "torch.bfloat16")
         half = pool.kv_target / 2 / GB
         sglog.info(f"KV Cache is allocated. dtype: {dtype}, #tokens: {pool.tokens}, K size: {half:.2f} GB, "
@@ -575,8 +583,10 @@ class Scheduler:
         p, x = self.p, self.x
         spec = p.worker != "none"
         if not x.cuda_graph or not p.prefill_graph_tokens:
-            # one line per model runner: the target's, and the DFlash draft's
-            for _ in range(2 if p.worker == "dflash" else 1):
+            # one line per model runner: the target's here; the DFlash draft's here too without
+            # graphs (2_neg_nonfamily_nograph), else where its runner sets up its graphs, after the
+            # target's capture (4_layers_last, 5_ddtree_s025)
+            for _ in range(2 if p.worker == "dflash" and not x.cuda_graph else 1):
                 sglog.warning(lines.PREFILL_GRAPH_DISABLED)
         if p.worker == "dflash" and not x.cuda_graph:
             self._start_shadow(graphs=False)
@@ -602,6 +612,8 @@ class Scheduler:
                                    "Capturing batches (bs={n} avail_mem={m:.2f} GB)", list(reversed(p.graph_bs)))
         if p.worker == "dflash":
             self._start_shadow(graphs=True)
+            if not p.prefill_graph_tokens:
+                sglog.warning(lines.PREFILL_GRAPH_DISABLED)
             head = f"backend=full, num_tokens_per_req={p.tokens_per_req}, bs={p.graph_bs}"
             if p.failure == "draft-graph":
                 sglog.info(f"Capture draft verify CUDA graph begin. {head}, avail mem={self.avail(used):.2f} GB")

@@ -1,0 +1,45 @@
+"""What real SGLang 0.5.17 printed and served with the DDTREE plugin on the H200 (runs 4 and 5,
+tests/data/real-sglang/0.5.17): the shadow accounting reaches the journal and /metrics, and the
+smoke check reads the real gauges as an operator would see them."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ddtree_ops.engine.sglang_shadow import REGISTERED
+from ddtree_ops.smoke.parse import parse_metrics_shadow
+
+REAL = Path(__file__).resolve().parents[1] / "data" / "real-sglang" / "0.5.17"
+REPORT = re.compile(r"DDTREE shadow: rounds=(\d+) .*tau_chain=([\d.]+) .*tau_tree_lower=([\d.]+)")
+
+
+def _reports(name: str) -> list[tuple[int, float, float]]:
+    text = (REAL / name).read_text(errors="replace")
+    return [(int(m.group(1)), float(m.group(2)), float(m.group(3))) for m in REPORT.finditer(text)]
+
+
+def test_fixed_plugin_accounts_on_real_0517_and_the_broken_one_did_not() -> None:
+    fixed, broken = _reports("5_ddtree_s025.log"), _reports("4_ddtree_s025.log")
+    assert broken == []                                   # the run that found the TARGET_VERIFY mode
+    assert "mode TARGET_VERIFY" in (REAL / "4_ddtree_s025.log").read_text()
+    assert len(fixed) >= 5 and [r[0] for r in fixed] == sorted(r[0] for r in fixed)
+    assert all(chain == 3.0 for _, chain, _ in fixed)     # SGLANG_SIMULATE_ACC_LEN=3: two drafts + bonus
+    text = (REAL / "5_ddtree_s025.log").read_text()
+    assert "DDTREE shadow: accounting running" in text
+    assert REGISTERED % "[0, 2]" in text                  # the layers SGLang's runner resolved
+
+
+def test_real_gauges_read_by_smoke() -> None:
+    summary = json.loads((REAL / "5_summary.json").read_text())
+    arm = summary["groups"]["serve"]["ddtree_s025"]
+    shadow = parse_metrics_shadow("\n".join(arm["metrics_ddtree"]) + "\n")
+    last = _reports("5_ddtree_s025.log")[-1]
+    assert shadow.rounds == last[0]                       # /metrics says what the last report line said
+    assert shadow.tau_chain == last[1]
+    assert not shadow.silent
+    # and the command an operator ran on that host said it, as a check of its own
+    doc = json.loads(arm["cli_smoke"]["stdout"])
+    checks = {c["name"]: c for c in doc["hosts"][0]["checks"]}
+    assert checks["shadow"]["status"] == "ok" and f"{last[0]} rounds accounted" in checks["shadow"]["detail"]
