@@ -57,6 +57,11 @@ GROUPS: dict[str, list[Scenario]] = {
         Scenario("ddtree_s025", "DDTREE shadow through the ddtree plugin, share 0.25", "ddtree-shadow", "healthy",
                  sets=("modes.ddtree-shadow.shadow.share=0.25",), env={**SIMULATE, **TRACE}, tax_arm="ddtree-share-0.25",
                  cli_smoke=True),
+        # hooks on every round, the draft head left in the graph, nothing sampled: separates the
+        # plugin's per-round cost from the accounting's (run 5: batch-1 tax the same at 0.25 and 1.0)
+        Scenario("ddtree_s000", "DDTREE through the ddtree plugin, share 0 (no round sampled)", "ddtree-shadow",
+                 "healthy", sets=("modes.ddtree-shadow.shadow.share=0.0",),
+                 env={**SIMULATE, "DDTREE_SHADOW_WARN_AFTER": "1000000"}, tax_arm="ddtree-share-0"),
         Scenario("ddtree_s100", "DDTREE shadow through the ddtree plugin, share 1.0", "ddtree-shadow", "healthy",
                  sets=("modes.ddtree-shadow.shadow.share=1.0",), env={**SIMULATE, **TRACE}, tax_arm="ddtree-share-1.0"),
     ],
