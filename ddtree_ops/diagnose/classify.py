@@ -302,6 +302,10 @@ _LAYER_IDS_REMEDY = (
     "is never captured); SGLang itself only checks id < num_hidden_layers. Use a draft trained for this target, "
     "or fix target_layer_ids in the draft's config.json (modes.<mode>.draft_model_path); `ddtree-ops diagnose "
     "HOST` checks it against the target's config before anything changes.")
+_KV_BUDGET_REMEDY = (
+    "RAISE memory.mem_fraction_static (lowering it makes this worse); SGLang's newer message prints the minimum "
+    "viable fraction. If it would have to exceed ~0.93, the model does not fit this GPU: use a quantized "
+    "checkpoint, stop other processes holding GPU memory, or use the larger GPU.")
 _CAPTURE_REMEDY = (
     "The speculative algorithm runs without DFlash-family hidden-state capture, so the target never captures "
     "the layers the draft reads. For DDTREE enable the ddtree plugin: SGLANG_PLUGINS must name ddtree "
@@ -364,7 +368,31 @@ def _resolve_speculative_frame(ctx: LaunchContext, text: str, frames: list[journ
     return {"remedy": remedy, "label": "spec_decode_misconfig", "profile_key": "modes.<mode>.draft_model_path"}
 
 
+_WEIGHTS_RX = re.compile(r"under --mem-fraction-static=([0-9.]+)\. Raise --mem-fraction-static above ([0-9.]+)")
+
+
+def _resolve_kv_budget(ctx: LaunchContext, text: str, frames: list[journal.Frame]) -> dict[str, Any]:
+    """0.5.17+ prints the fraction it would have needed ("Raise ... above 0.131"): say that number.
+    SGLang sizes the budget from the memory free at its start, so memory other processes hold on
+    the card raises it too."""
+    m = _WEIGHTS_RX.search(text)
+    base = {"label": "kv_pool_too_small", "profile_key": "memory.mem_fraction_static"}
+    if not m:
+        return {**base, "remedy": _KV_BUDGET_REMEDY}
+    have, need = m.group(1), float(m.group(2))
+    if need > 0.93:
+        fix = (f"SGLang would need mem_fraction_static above {need:g}: the weights do not fit what is free on this "
+               "GPU. Stop other processes holding its memory (nvidia-smi), use a quantized checkpoint, more cards "
+               "(parallel.tp_size) or the larger GPU.")
+    else:
+        fix = (f"RAISE memory.mem_fraction_static from {have} to above {need:g} (SGLang's own minimum for the memory "
+               "that was free at this start; leave headroom for the KV pool). If other processes hold memory on "
+               "the card (nvidia-smi), stopping them lowers that minimum.")
+    return {**base, "remedy": fix}
+
+
 RESOLVERS: dict[str, Callable[[LaunchContext, str, list[journal.Frame]], dict[str, Any]]] = {
+    "kv_budget": _resolve_kv_budget,
     "feature_dim": _resolve_feature_dim,
     "speculative_frame": _resolve_speculative_frame,
 }

@@ -146,3 +146,13 @@ def test_a_stop_split_across_polls_is_still_a_stop(cuts: list[int]) -> None:
     rep, whole = sc.report(), classify(lines)
     assert rep.verdict == whole.verdict == "healthy"
     assert [(f.rule_id, f.line, f.severity) for f in rep.findings] == [(f.rule_id, f.line, f.severity) for f in whole.findings]
+
+
+def test_weights_past_the_budget_remedy_names_sglangs_minimum() -> None:
+    """0.5.17 prints the fraction it needed; the remedy says it, and which way to move."""
+    from ddtree_ops.diagnose.classify import classify
+
+    for log, have, need in (("4_kv_too_small.log", "0.08", "0.131"), ("3_ddtree_s025_shared_gpu.log", "0.15", "0.176")):
+        rc = classify((REAL / "0.5.17" / log).read_text(errors="replace").splitlines()).root_cause
+        assert rc is not None and rc.label == "kv_pool_too_small"
+        assert f"from {have} to above {need}" in rc.remedy and rc.remedy.startswith("RAISE")
