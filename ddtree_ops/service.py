@@ -7,7 +7,7 @@
                                                      (refuse = nothing changed on any node, exit 3)
     no change on any node and the service healthy -> no-op
     record release + pending and write env + unit on EVERY node (staged: nothing restarts yet)
-    stop every node (the highest rank first) -> start rank 0 (it hosts torch's TCPStore at
+    stop every node (rank 0 first: its ShutdownReq stops the others' schedulers) -> start rank 0 (it hosts torch's TCPStore at
     --dist-init-addr: rendezvous.py `_create_c10d_store`, start_daemon = rank == 0), then the others
     (their store clients retry until --dist-timeout)
     gate: rank 0's /health_generate, smoke and stay window + every node's unit and journal; a fatal
@@ -147,6 +147,28 @@ def gate_failures(result: gating.ServiceGateResult) -> list[NodeFailure]:
         line = st.fatal_line.message if st.fatal_line is not None else ""
         out.append(NodeFailure(result.names[i], i, st.failed_at if st.failed_at is not None else result.elapsed_s,
                                finding, st.reason, tp_rank_of(line)))
+    return out
+
+
+def diagnosis_failures(names: Sequence[str], diags: Sequence[Any]) -> list[NodeFailure]:
+    """Each node's failure as its journal tells it (diagnose.live.LiveDiagnosis per node, rank
+    order), timed by the journal's own clock: the start running now when it failed, else the start
+    before it (a service rolled back after a failed deploy still names that deploy's first failure)."""
+    out = []
+    for rank, (name, d) in enumerate(zip(names, diags)):
+        if d is None:
+            continue
+        report, inv = d.current, d.current_invocation
+        if report.root_cause is None and d.previous and d.previous[-1].report.root_cause is not None:
+            report, inv = d.previous[-1].report, d.previous[-1].invocation
+        rc = report.root_cause
+        if rc is None:
+            if d.unit.failed:
+                out.append(NodeFailure(name, rank, float("inf"), None,
+                                       f"unit failed (Result={d.unit.result}) without a line naming the cause"))
+            continue
+        when = d.when_us(inv, rc.line)
+        out.append(NodeFailure(name, rank, when / 1e6 if when else float("inf"), rc, "", tp_rank_of(d.raw_line(inv, rc.line))))
     return out
 
 
@@ -346,10 +368,12 @@ def _files(change: Change, r_unit_path: str, unit_text: str, env_path: str, env_
 
 
 def _restart_in_order(hosts: Sequence[Host], svc: Service) -> list[gating.NodeStart]:
-    """Stop every node, the highest rank first (a rank left running would sit in collectives with
-    peers that are gone, and its Restart=on-failure would bring the old release back), then start
-    rank 0, whose store the others connect to, then the rest."""
-    for i in reversed(range(len(hosts))):
+    """Stop every node, rank 0 first, then start rank 0, whose store the others connect to, then
+    the rest. Rank 0 first because SGLang stops a multi-node service from there: nodes other than
+    rank 0 do not drain on SIGTERM but wait for rank 0's ShutdownReq broadcast (0.5.23
+    entrypoints/engine.py, the node_rank >= 1 SIGTERM handler), so stopping them first would wait
+    out TimeoutStopSec on each."""
+    for i in range(len(hosts)):
         hosts[i].run(remote.stop_and_wait(svc.unit), sudo=True, timeout=svc.nodes[i].service.timeout_stop_s + 60) \
             .check(f"{svc.hosts[i]}: stopping {svc.unit}")
     starts = []
@@ -362,7 +386,7 @@ def _restart_in_order(hosts: Sequence[Host], svc: Service) -> list[gating.NodeSt
 
 
 def _stop_all(hosts: Sequence[Host], svc: Service) -> None:
-    for i in reversed(range(len(hosts))):
+    for i in range(len(hosts)):
         hosts[i].run(["systemctl", "stop", "--", svc.unit], sudo=True, timeout=svc.nodes[i].service.timeout_stop_s + 60)
 
 
@@ -656,6 +680,32 @@ def needs_rollback(hosts: Sequence[Host], svc: Service) -> tuple[bool, str]:
     if consistent(states) and all(s.current == s.known_good for s in states):
         return False, f"healthy on known-good {states[0].current} on every node; nothing to do"
     return True, "; ".join(s.describe() for s in states)
+
+
+# --------------------------------------------------------------------------- smoke
+
+
+def smoke_service(name: str, rank0: Any, nodes: Sequence[NodeState]) -> Any:
+    """One monitoring result for the service (pure): rank 0's smoke checks (it serves the API),
+    then one check per node's unit. A node whose unit is not running, or that is not on the
+    service's release, makes the service CRITICAL: its ranks are gone and rank 0 will soon hang."""
+    from dataclasses import replace as _replace
+
+    from ddtree_ops.smoke.judge import Check as SmokeCheck
+    from ddtree_ops.smoke.judge import HostResult, worst
+    from ddtree_ops.status import NagiosExit
+
+    release = nodes[0].current if nodes else None
+    checks = [_replace(c, name=f"{rank0.host}.{c.name}") for c in rank0.checks]
+    for n in nodes:
+        bad = n.error or not n.unit.startswith("active/running") or (n.current != release)
+        why = n.error or (f"unit {n.unit}" if not n.unit.startswith("active/running") else f"on {n.current}, rank 0 on {release}")
+        checks.append(SmokeCheck(f"node{n.rank}", NagiosExit.CRITICAL if bad else NagiosExit.OK,
+                                 f"{n.node}: unit {n.unit}, release {n.current or '-'}",
+                                 f"node rank {n.rank} ({n.node}) {why}" if bad else ""))
+    state = worst([rank0.state, *[c.state for c in checks if c.state is not None]])
+    perf = tuple(_replace(pd, label=pd.label.replace(f"{rank0.host}_", f"{name}_", 1)) for pd in rank0.perfdata)
+    return HostResult(name, rank0.mode, state, tuple(checks), perf, rank0.observation)
 
 
 # --------------------------------------------------------------------------- history
