@@ -480,6 +480,7 @@ def deploy_service(hosts: Sequence[Host], svc: Service, mode: str, *, dry_run: b
         out.exit_code = DeployExit.OK if spf.ok else DeployExit.REFUSED
         out.result = "dry-run" if spf.ok else "refused"
         out.reason = "dry run: nothing changed" if spf.ok else "preflight: " + _refusal(spf)
+        out.nodes = read_node_states(hosts, svc)
         return finish()
 
     with ExitStack() as held:

@@ -35,6 +35,7 @@ FAULT_UNITS = {"port-busy": "ddtree-lab-port-busy.service", "stray-gpu-process":
                "stray-gpu-card1": "ddtree-lab-stray-gpu1.service"}
 # share of the card a stray process holds: ~30 GB on the 48 GB host, enough to break the next start
 STRAY_SHARE = 0.625
+STRAY_SHARE_CARD1 = 0.9
 
 Log = Callable[[str], None]
 
@@ -275,8 +276,9 @@ def _start_fault_process(paths: Paths, name: str, init: int, fault_name: str) ->
         listen = profile.service.listen_host if profile.service.listen_host not in ("0.0.0.0", "::") else "0.0.0.0"
         argv = ["/usr/bin/python3", f"{payload.LAB_LIB}/sglang_standin/squat.py", listen, str(profile.service.port)]
     else:
-        mib = int(profile.gpu.memory_mib * STRAY_SHARE)
         card = "1" if fault_name == "stray-gpu-card1" else "0"
+        # card 1's stray holds most of it: a TP service's every rank is then sized from that card
+        mib = int(profile.gpu.memory_mib * (STRAY_SHARE_CARD1 if card == "1" else STRAY_SHARE))
         argv = [f"{payload.VENV}/bin/python", "-m", "sglang_standin.hold", str(mib), card]
     machine.nsexec(init, ["systemctl", "stop", unit], timeout=30)
     machine.nsexec(init, ["systemctl", "reset-failed", unit], timeout=30)
