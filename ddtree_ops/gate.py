@@ -13,6 +13,8 @@ two of its crash line, not at the deadline.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -394,8 +396,40 @@ def run_service_gate(nodes: list[NodeStart], mode: str, *,
         return [ln for ln in lines if (not ln.invocation or not inv or ln.invocation == inv)
                 and not (prev and ln.invocation == prev)]
 
+    # one reader per node: the loop below waits on rank 0's HTTP probes, and a node's frames must
+    # not queue up behind them (the gate would judge a node by what it was seconds ago)
+    frames: list[queue.Queue[Any]] = [queue.Queue() for _ in nodes]
+
+    def pump(i: int, watch: Any) -> None:
+        try:
+            while True:
+                frames[i].put(read_frame(watch, timeout=30 + cfg.poll_s))
+        except Exception as exc:  # noqa: BLE001 - handed to the loop, which decides
+            frames[i].put(exc)
+
+    def latest(i: int, wait_s: float) -> tuple[UnitState, list[JournalLine]]:
+        """Every frame the node's reader has, merged: the newest unit state, all journal lines."""
+        try:
+            got = [frames[i].get(timeout=wait_s)]
+        except queue.Empty:
+            raise RemoteTimeout(f"{names[i]}: no output from the watcher for {wait_s:g}s") from None
+        while True:
+            try:
+                got.append(frames[i].get_nowait())
+            except queue.Empty:
+                break
+        lines: list[JournalLine] = []
+        unit = None
+        for item in got:
+            if isinstance(item, Exception):
+                raise item
+            unit, more = item
+            lines += more
+        assert unit is not None
+        return unit, lines
+
     def observe(i: int, watch: Any) -> Observation:
-        u, lines = read_frame(watch, timeout=30 + cfg.poll_s)
+        u, lines = latest(i, 30 + cfg.poll_s)
         if u.invocation != nodes[i].previous_invocation:
             invocations[i] = invocations[i] or u.invocation
         health, health_err, smoke = None, "", None
@@ -415,6 +449,8 @@ def run_service_gate(nodes: list[NodeStart], mode: str, *,
         with ExitStack() as stack:
             watches = [stack.enter_context(n.host.stream(watch_argv(n.profile.service.unit, n.cursor, cfg.poll_s)))
                        for n in nodes]
+            for i, watch in enumerate(watches):
+                threading.Thread(target=pump, args=(i, watch), daemon=True, name=f"gate-{names[i]}").start()
             while status is Status.WAIT:
                 for i, watch in enumerate(watches):
                     try:
@@ -440,7 +476,7 @@ def run_service_gate(nodes: list[NodeStart], mode: str, *,
                 # the lines right after a fatal one often name the real cause: one more frame per node
                 for i, watch in enumerate(watches):
                     try:
-                        more = ours(i, read_frame(watch, timeout=5 + cfg.poll_s)[1])
+                        more = ours(i, latest(i, 5 + cfg.poll_s)[1])
                         states[i].lines.extend(more)
                         states[i].scanner.feed([ln.message for ln in more])
                     except (HostUnreachable, RemoteTimeout):

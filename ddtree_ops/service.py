@@ -137,6 +137,16 @@ def tp_rank_of(line: str) -> str:
     return m.group(1) if m else ""
 
 
+def rank_before(messages: Sequence[str], index: int, back: int = 200) -> str:
+    """The rank of the log record that holds line `index`: a traceback's lines carry no prefix, the
+    record's first line does (`[... TP1] Scheduler hit an exception: Traceback ...`)."""
+    for i in range(min(index, len(messages) - 1), max(-1, index - back), -1):
+        rank = tp_rank_of(messages[i])
+        if rank:
+            return rank
+    return ""
+
+
 def gate_failures(result: gating.ServiceGateResult) -> list[NodeFailure]:
     """Each node that failed the gate, timed by when the gate saw it."""
     out = []
@@ -144,9 +154,10 @@ def gate_failures(result: gating.ServiceGateResult) -> list[NodeFailure]:
         if st.status is not gating.Status.FAIL:
             continue
         finding = st.fatal or st.scanner.report().root_cause
-        line = st.fatal_line.message if st.fatal_line is not None else ""
+        messages = [ln.message for ln in st.lines]
+        at = next((k for k, ln in enumerate(st.lines) if ln is st.fatal_line), len(messages) - 1)
         out.append(NodeFailure(result.names[i], i, st.failed_at if st.failed_at is not None else result.elapsed_s,
-                               finding, st.reason, tp_rank_of(line)))
+                               finding, st.reason, rank_before(messages, at) if st.fatal_line is not None else ""))
     return out
 
 
@@ -168,7 +179,7 @@ def diagnosis_failures(names: Sequence[str], diags: Sequence[Any]) -> list[NodeF
                                        f"unit failed (Result={d.unit.result}) without a line naming the cause"))
             continue
         when = d.when_us(inv, rc.line)
-        out.append(NodeFailure(name, rank, when / 1e6 if when else float("inf"), rc, "", tp_rank_of(d.raw_line(inv, rc.line))))
+        out.append(NodeFailure(name, rank, when / 1e6 if when else float("inf"), rc, "", rank_before([m for _, m in d.line_us.get(inv, [])], rc.line - 1)))
     return out
 
 

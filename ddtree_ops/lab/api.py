@@ -286,6 +286,14 @@ def _start_fault_process(paths: Paths, name: str, init: int, fault_name: str) ->
                                 *argv], timeout=30)
     if res.returncode != 0:
         raise LabError(f"{name}: could not start the {fault_name} process: {res.stderr.strip()}")
+    if fault_name != "port-busy":
+        # the fault is set once the memory is held: the next command must meet it, not race it
+        wait = ('pid=$(systemctl show -p MainPID --value "$1"); for i in $(seq 100); do '
+                'for f in /run/ddtree-lab/gpu/"$pid".json /run/ddtree-lab/gpu/"$pid".card*.json; do '
+                '[ "$pid" != 0 ] && [ -e "$f" ] && exit 0; done; '
+                'sleep 0.1; done; exit 1')
+        if machine.nsexec(init, ["sh", "-c", wait, "sh", unit], timeout=30).returncode != 0:
+            raise LabError(f"{name}: the {fault_name} process did not register its GPU memory within 10 s")
 
 
 def exec_in(name: str, argv: Sequence[str], paths: Paths | None = None, *, timeout: float = 60.0,

@@ -95,6 +95,28 @@ def assert_pair_on_known_good(lab: Any, doc: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ TP=2 on one host
 
 
+def test_tp2_a_stray_on_card_1_only_is_refused_naming_that_card(lab6: Any) -> None:
+    """ct201 serves on card 0 alone; a process left over holds card 1: the TP=2 deploy that needs
+    card 1 too is refused, naming the card, and nothing changes."""
+    rc, _doc, err = tool(lab6, "deploy", "ct201", "--mode", "nextn", "--yes", "--json", "--set",
+                         "gate.stay_healthy_s=3")
+    assert rc == 0, err
+    before = on_host(lab6, "ct201", "systemctl", "show", "-p", "InvocationID", "--value", "sglang.service")
+    lab6.fault("ct201", "stray-gpu-card1")
+    try:
+        rc, doc, err = tool(lab6, "deploy", "ct201", "--mode", "nextn", "--yes", "--json", *TP2, *tag("stray1"))
+    finally:
+        lab6.clear("ct201")
+    assert rc == 3, err
+    checks = {c["name"]: c for c in doc["preflight"]["checks"]}
+    assert checks["gpu-processes"]["status"] == "warn" and "card 1: pid" in checks["gpu-processes"]["detail"]
+    assert checks["memory"]["status"] == "fail" and "the least of 2 cards" in checks["memory"]["detail"]
+    cards = {c["index"]: c for c in doc["preflight"]["cards"]}
+    assert cards[1]["others_mib"] > 80000 and cards[0]["others_mib"] < 1000
+    after = on_host(lab6, "ct201", "systemctl", "show", "-p", "InvocationID", "--value", "sglang.service")
+    assert after == before  # nothing changed
+
+
 def test_tp2_on_one_host_one_rank_per_card_and_the_per_card_preflight_table(lab6: Any) -> None:
     rc, out, err = tool(lab6, "preflight", "ct201", "--mode", "nextn", *TP2)
     assert rc == 0, err
@@ -128,23 +150,6 @@ def test_tp2_one_rank_out_of_memory_rolls_back_to_the_tp2_known_good(lab6: Any) 
     assert doc["known_good"] == good
     rc, doc, err = tool(lab6, "rollback", "ct201*", "--json")  # the tool finds nothing left to do
     assert (rc, doc["hosts"]) == (0, []), err
-
-
-def test_tp2_a_stray_on_card_1_only_is_refused_naming_that_card(lab6: Any) -> None:
-    before = on_host(lab6, "ct201", "systemctl", "show", "-p", "InvocationID", "--value", "sglang.service")
-    lab6.fault("ct201", "stray-gpu-card1")
-    try:
-        rc, doc, err = tool(lab6, "deploy", "ct201", "--mode", "nextn", "--yes", "--json", *TP2, *tag("stray1"))
-    finally:
-        lab6.clear("ct201")
-    assert rc == 3, err
-    checks = {c["name"]: c for c in doc["preflight"]["checks"]}
-    assert checks["gpu-processes"]["status"] == "warn" and "card 1: pid" in checks["gpu-processes"]["detail"]
-    assert checks["memory"]["status"] == "fail" and "the least of 2 cards" in checks["memory"]["detail"]
-    cards = {c["index"]: c for c in doc["preflight"]["cards"]}
-    assert cards[1]["others_mib"] > 80000 and cards[0]["others_mib"] < 1000
-    after = on_host(lab6, "ct201", "systemctl", "show", "-p", "InvocationID", "--value", "sglang.service")
-    assert after == before  # nothing changed
 
 
 def test_ct201_back_to_one_card(lab6: Any) -> None:
@@ -205,6 +210,7 @@ def test_one_rank_out_of_memory_rolls_every_node_back_and_diagnose_names_it(lab6
     assert doc["result"] == "rolled-back"
     first = doc["first_failed"]
     assert (first["node"], first["rank"], first["label"], first["symptom"]) == ("ct202", 1, "cuda_oom", False)
+    assert first["tp_rank"] == "TP1"
     assert_pair_on_known_good(lab6, doc)
     rc, diag, err = tool(lab6, "diagnose", PAIR, "--json")
     assert diag["first_failed"]["node"] == "ct202" and diag["first_failed"]["label"] == "cuda_oom", err

@@ -6,6 +6,7 @@ survivor down after the timeout with NCCL's watchdog lines."""
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from standin_proc import A6000, Standin, free_port, nextn_argv, start
@@ -69,6 +70,8 @@ def test_two_nodes_meet_at_the_rendezvous_and_a_dead_peer_takes_the_other_down(t
         assert n1.get("/generate")[0] == 404  # it serves no API
         assert re.search(r"^\[[\d :-]+ TP1\] Load weight end\.", n1.log(), re.M)
         assert re.search(r"^\[[\d :-]+ TP0\] Load weight end\.", n0.log(), re.M)
+        time.sleep(12)  # a quiet peer is a live one: nothing happens while both live
+        assert n0.proc.poll() is None and n0.get("/health_generate")[0] == 200
         n1.proc.kill()  # the node dies without a word (SIGKILL to its process group)
         code = n0.wait_exit(30)
         assert code != 0

@@ -323,3 +323,12 @@ def test_history_merges_every_node_under_one_release_row() -> None:
     assert [r.release_id for r in rows] == ["r2", "r1"]
     assert rows[0].per_node == {"a": "failed", "b": "-"}
     assert rows[1].per_node == {"a": "good known-good current", "b": "good known-good current"}
+
+
+def test_the_rank_of_a_traceback_is_its_records_prefix() -> None:
+    from ddtree_ops.service import rank_before
+
+    lines = ["[2026-12-01 17:46:19 TP0] Load weight end.", "[2026-12-01 17:46:19 TP1] Scheduler hit an exception: "
+             "Traceback (most recent call last):", '  File "x.py", line 1, in f', "torch.OutOfMemoryError: CUDA out"]
+    assert rank_before(lines, 3) == "TP1" and rank_before(lines, 0) == "TP0"
+    assert rank_before(["no prefix here"], 0) == ""

@@ -124,6 +124,7 @@ class Rendezvous:
                 conn.close()
                 continue
             frees.append(int(hello.get("free_mib", 0)))
+            conn.settimeout(None)  # from here on a quiet peer is a live one: only a close means it is gone
             self.peers.append(conn)
         srv.close()
         least = min(frees)
