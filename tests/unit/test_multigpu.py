@@ -332,3 +332,32 @@ def test_the_rank_of_a_traceback_is_its_records_prefix() -> None:
              "Traceback (most recent call last):", '  File "x.py", line 1, in f', "torch.OutOfMemoryError: CUDA out"]
     assert rank_before(lines, 3) == "TP1" and rank_before(lines, 0) == "TP0"
     assert rank_before(["no prefix here"], 0) == ""
+
+
+# ------------------------------------------------------------------ the transaction's order, with fakes
+
+
+class RecordingHost:
+    """A node that records every command across all nodes, in one shared log, and answers empty."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]]) -> None:
+        self.name, self.log = name, log
+
+    def run(self, argv: list[str], *, stdin: bytes | None = None, timeout: float = 60.0, sudo: bool = False) -> object:
+        from ddtree_ops.host import Result
+
+        self.log.append((self.name, " ".join(argv)))
+        return Result(tuple(argv), 0, "", "")
+
+
+def test_rank_0_stops_first_and_starts_first(lab_inventory: Path) -> None:
+    """Rank 0 is stopped first (its ShutdownReq stops the other nodes' schedulers) and started
+    first (it hosts the TCPStore the others connect to)."""
+    from ddtree_ops.service import Service, _restart_in_order
+
+    svc = Service.load(Inventory.load(REPO / "profiles", str(lab_inventory)), "pro6000-pair")
+    log: list[tuple[str, str]] = []
+    starts = _restart_in_order([RecordingHost("ct201", log), RecordingHost("ct202", log)], svc)  # type: ignore[list-item]
+    steps = [(host, "stop" if "systemctl stop" in cmd else "start") for host, cmd in log]
+    assert steps == [("ct201", "stop"), ("ct202", "stop"), ("ct201", "start"), ("ct202", "start")]
+    assert [s.rank for s in starts] == [0, 1]
