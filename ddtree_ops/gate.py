@@ -13,6 +13,8 @@ two of its crash line, not at the deadline.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -83,14 +85,20 @@ class GateState:
     fatal_line: JournalLine | None = None
     lines: list[JournalLine] = field(default_factory=list)
     smoke: SmokeResult | None = None
+    # False for the nodes of a multi-node service other than rank 0: SGLang serves HTTP on rank 0
+    # only, so such a node is judged by its unit and journal alone (it never passes by itself)
+    serves_http: bool = True
+    failed_at: float | None = None  # seconds into the gate when this node failed
+    last_unit: UnitState | None = None
 
     def waiting_for(self) -> str:
         return {Phase.STARTING: "/health_generate to answer 200", Phase.SMOKE: "the smoke request",
                 Phase.STAY: f"the service to stay healthy for {self.cfg.stay_s:g}s",
                 Phase.DONE: "nothing"}[self.phase]
 
-    def _fail(self, reason: str) -> Status:
+    def _fail(self, reason: str, t: float | None = None) -> Status:
         self.status, self.reason, self.phase = Status.FAIL, reason, Phase.DONE
+        self.failed_at = t
         return self.status
 
     def step(self, obs: Observation) -> Status:
@@ -103,6 +111,7 @@ class GateState:
                 return self._fail(f"systemd did not start a new invocation of the unit within {limit:g}s "
                                   f"({obs.unit.describe()})")
             return self.status
+        self.last_unit = obs.unit
         self.lines.extend(obs.lines)
         # the journal first: its first fatal line names the cause better than the unit state does
         for finding in self.scanner.feed([ln.message for ln in obs.lines]):
@@ -129,6 +138,8 @@ class GateState:
                 if not u.main_pid:
                     return self._fail(f"the main process {first.main_pid} exited ({u.describe()})")
                 return self._fail(f"the main process changed ({first.main_pid} -> {u.main_pid})")
+        if not self.serves_http:
+            return self.status
         if self.phase is Phase.STARTING:
             if obs.health == 200:
                 self.phase, self.ready_at = Phase.SMOKE, obs.t
@@ -305,3 +316,177 @@ def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None, previous_
             state._fail(f"lost the connection to the host during the gate ({exc})")
         verdict_wall, elapsed = time.time(), clock() - t0
     return GateResult(state.status is Status.PASS, state.reason, elapsed, state, verdict_wall)
+
+
+# ------------------------------------------------------------------ a service over several nodes
+
+
+@dataclass(frozen=True)
+class NodeStart:
+    """One node of a multi-node service as its gate needs it: where it is, and the start to judge."""
+
+    host: Host
+    profile: Profile
+    cursor: str | None
+    previous_invocation: str = ""
+
+    @property
+    def rank(self) -> int:
+        return self.profile.multinode.node_rank if self.profile.multinode else 0
+
+
+@dataclass
+class ServiceGateResult:
+    passed: bool
+    reason: str
+    elapsed_s: float
+    states: list[GateState]  # one per node, in rank order
+    verdict_wall: float
+    failed_rank: int | None = None  # the node that failed the gate (the first whose journal or unit did)
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def state(self) -> GateState:
+        """Rank 0's: the one that went through readiness, smoke and the stay window."""
+        return self.states[0]
+
+    @property
+    def report(self) -> Any:
+        i = self.failed_rank if self.failed_rank is not None else 0
+        return self.states[i].scanner.report()
+
+
+def service_verdict(states: list[GateState], names: list[str]) -> tuple[Status, str, int | None]:
+    """Pure: the whole service's verdict from its nodes' states. Any node that failed fails the
+    service (the first to fail names it); it passes when rank 0 passed its gate and every other
+    node's unit runs."""
+    failed = [(st.failed_at if st.failed_at is not None else float("inf"), i) for i, st in enumerate(states)
+              if st.status is Status.FAIL]
+    if failed:
+        _, i = min(failed)
+        return Status.FAIL, f"{names[i]} (node rank {i}): {states[i].reason}", i
+    if states[0].status is Status.PASS:
+        return Status.PASS, states[0].reason + f"; {len(states) - 1} other node(s) running", None
+    return Status.WAIT, "", None
+
+
+def run_service_gate(nodes: list[NodeStart], mode: str, *,
+                     on_progress: Callable[[GateState, Observation], None] | None = None,
+                     clock: Callable[[], float] = time.monotonic, deadline_s: float | None = None) -> ServiceGateResult:
+    """The gate of one multi-node service: every node's unit state and this start's journal in one
+    loop (one watcher per node), rank 0's HTTP readiness, smoke request and stay window. A fatal
+    line or a failed unit on any node fails the whole service at once."""
+    from contextlib import ExitStack
+
+    from ddtree_ops.diagnose.classify import Scanner
+    from ddtree_ops.ssh import RemoteTimeout
+
+    p0 = nodes[0].profile
+    cfg = GateConfig(deadline_s=deadline_s or p0.gate.startup_deadline_s, stay_s=p0.gate.stay_healthy_s,
+                     poll_s=p0.gate.poll_interval_s, http_timeout_s=p0.gate.http_timeout_s,
+                     speculative=is_speculative(p0, mode))
+    states = [GateState(cfg, Scanner(), n.previous_invocation, serves_http=(i == 0)) for i, n in enumerate(nodes)]
+    names = [n.profile.name for n in nodes]
+    invocations = [""] * len(nodes)
+    t0 = clock()
+    status, reason, failed_rank = Status.WAIT, "", None
+
+    def ours(i: int, lines: list[JournalLine]) -> list[JournalLine]:
+        inv, prev = invocations[i], nodes[i].previous_invocation
+        return [ln for ln in lines if (not ln.invocation or not inv or ln.invocation == inv)
+                and not (prev and ln.invocation == prev)]
+
+    # one reader per node: the loop below waits on rank 0's HTTP probes, and a node's frames must
+    # not queue up behind them (the gate would judge a node by what it was seconds ago)
+    frames: list[queue.Queue[Any]] = [queue.Queue() for _ in nodes]
+
+    def pump(i: int, watch: Any) -> None:
+        try:
+            while True:
+                frames[i].put(read_frame(watch, timeout=30 + cfg.poll_s))
+        except Exception as exc:  # noqa: BLE001 - handed to the loop, which decides
+            frames[i].put(exc)
+
+    def latest(i: int, wait_s: float) -> tuple[UnitState, list[JournalLine]]:
+        """Every frame the node's reader has, merged: the newest unit state, all journal lines."""
+        try:
+            got = [frames[i].get(timeout=wait_s)]
+        except queue.Empty:
+            raise RemoteTimeout(f"{names[i]}: no output from the watcher for {wait_s:g}s") from None
+        while True:
+            try:
+                got.append(frames[i].get_nowait())
+            except queue.Empty:
+                break
+        lines: list[JournalLine] = []
+        unit = None
+        for item in got:
+            if isinstance(item, Exception):
+                raise item
+            unit, more = item
+            lines += more
+        assert unit is not None
+        return unit, lines
+
+    def observe(i: int, watch: Any) -> Observation:
+        u, lines = latest(i, 30 + cfg.poll_s)
+        if u.invocation != nodes[i].previous_invocation:
+            invocations[i] = invocations[i] or u.invocation
+        health, health_err, smoke = None, "", None
+        host, p = nodes[i].host, nodes[i].profile
+        if i == 0 and u.active in ("active", "activating") and not u.failed:
+            try:
+                health = host.http("GET", p.service.port, "/health_generate",
+                                   timeout=min(cfg.http_timeout_s, 5.0)).status
+            except HttpUnavailable as exc:
+                health_err = str(exc)
+            st = states[0]
+            if st.phase is Phase.SMOKE or (st.phase is Phase.STARTING and health == 200):
+                smoke = smoke_request(host, p, speculative=cfg.speculative, timeout=cfg.http_timeout_s)
+        return Observation(clock() - t0, u, ours(i, lines), health, health_err, smoke)
+
+    try:
+        with ExitStack() as stack:
+            watches = [stack.enter_context(n.host.stream(watch_argv(n.profile.service.unit, n.cursor, cfg.poll_s)))
+                       for n in nodes]
+            for i, watch in enumerate(watches):
+                threading.Thread(target=pump, args=(i, watch), daemon=True, name=f"gate-{names[i]}").start()
+            while status is Status.WAIT:
+                for i, watch in enumerate(watches):
+                    try:
+                        obs = observe(i, watch)
+                    except (HostUnreachable, RemoteTimeout) as exc:
+                        if states[i].status is Status.WAIT:
+                            states[i]._fail(f"lost the connection to the node during the gate ({exc})", clock() - t0)
+                        continue
+                    before = states[i].status
+                    states[i].step(obs)
+                    if before is Status.WAIT and states[i].status is Status.FAIL:
+                        states[i].failed_at = obs.t
+                    if i == 0 and on_progress:
+                        on_progress(states[0], obs)
+                if states[0].status is Status.PASS:
+                    for st in states[1:]:
+                        if st.status is Status.WAIT and not _running(st):
+                            what = st.last_unit.describe() if st.last_unit else "unknown"
+                            st._fail(f"its unit is {what} although rank 0 passed", clock() - t0)
+                status, reason, failed_rank = service_verdict(states, names)
+            verdict_wall, elapsed = time.time(), clock() - t0
+            if status is Status.FAIL:
+                # the lines right after a fatal one often name the real cause: one more frame per node
+                for i, watch in enumerate(watches):
+                    try:
+                        more = ours(i, latest(i, 5 + cfg.poll_s)[1])
+                        states[i].lines.extend(more)
+                        states[i].scanner.feed([ln.message for ln in more])
+                    except (HostUnreachable, RemoteTimeout):
+                        pass
+    except (HostUnreachable, RemoteTimeout) as exc:
+        if status is Status.WAIT:
+            status, reason, failed_rank = Status.FAIL, f"lost the connection to a node during the gate ({exc})", None
+        verdict_wall, elapsed = time.time(), clock() - t0
+    return ServiceGateResult(status is Status.PASS, reason, elapsed, states, verdict_wall, failed_rank, names)
+
+
+def _running(st: GateState) -> bool:
+    return st.last_unit is not None and st.last_unit.running

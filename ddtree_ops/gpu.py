@@ -111,9 +111,20 @@ class GpuSnapshot:
     errors: list[str] = field(default_factory=list)
     driver: str = ""
 
-    def strays(self, unit: str) -> list[GpuApp]:
-        """Processes holding GPU memory that do not belong to the service we manage."""
-        return [a for a in self.apps if a.unit != unit]
+    def card(self, index: int) -> Gpu | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+    def apps_on(self, index: int) -> list[GpuApp]:
+        g = self.card(index)
+        return [] if g is None else [a for a in self.apps if a.gpu_uuid == g.uuid]
+
+    def strays(self, unit: str, cards: list[int] | None = None) -> list[GpuApp]:
+        """Processes holding GPU memory that do not belong to the service we manage; with `cards`,
+        only those on the cards the service owns (another service's card is not ours to judge)."""
+        if cards is None:
+            return [a for a in self.apps if a.unit != unit]
+        uuids = {g.uuid for g in self.gpus if g.index in cards}
+        return [a for a in self.apps if a.unit != unit and a.gpu_uuid in uuids]
 
     def to_json(self) -> dict[str, Any]:
         return {"source": self.source, "driver": self.driver, "errors": self.errors,

@@ -35,6 +35,10 @@ from ddtree_ops.profile import (Loc, Profile, Sourced, _apply_overrides, _compos
 
 ENV_INVENTORY = "DDTREE_OPS_INVENTORY"
 GROUPS_DIR = "groups"
+# multi-node services: profiles/services/<service>.yaml, layered over each node's own settings
+SERVICES_DIR = "services"
+# keys of a service file's multinode section that the tool fills in itself
+_TOOL_SET = ("service", "node_rank")
 # group-file keys that say who is in the group; every other key is a profile layer
 MEMBERSHIP = ("hosts", "children")
 ANSIBLE_GROUP_KEYS = ("hosts", "children", "vars")
@@ -366,6 +370,7 @@ class Inventory:
     host_files: dict[str, Path] = field(default_factory=dict)
     entries: dict[str, list[Sourced]] = field(default_factory=dict)  # host -> its one-line layers
     listed: dict[str, str] = field(default_factory=dict)  # host -> where it is first listed
+    service_files: dict[str, Path] = field(default_factory=dict)  # multi-node service -> its file
     _cache: dict[Path, Sourced] = field(default_factory=dict, repr=False)
 
     # -- loading
@@ -385,6 +390,8 @@ class Inventory:
                 self._add_group_file(path)
             except ProfileError as exc:
                 problems += exc.problems
+        for path in sorted((d / SERVICES_DIR).glob("*.yaml")) if (d / SERVICES_DIR).is_dir() else []:
+            self.service_files[path.stem] = path
         if inv_path:
             p = Path(inv_path).expanduser()
             if not p.is_file():
@@ -393,6 +400,9 @@ class Inventory:
                 self._add_ansible(read_ansible(p))
             except ProfileError as exc:
                 problems += exc.problems
+        for name, path in self.service_files.items():
+            if name in self.host_files or name in self.groups or name in self.listed:
+                problems.append(f"{_shown(path)} service {name!r} has the name of a host or a group; rename one of them")
         if problems:
             raise ProfileError(problems)
         self._check_children()
@@ -492,6 +502,18 @@ class Inventory:
         for g in self.groups.values():
             out.update(dict.fromkeys(g.hosts))
         return list(out)
+
+    def is_service(self, name: str) -> bool:
+        return name in self.service_files
+
+    def services(self) -> list[str]:
+        return list(self.service_files)
+
+    def split_targets(self, targets: Sequence[str]) -> tuple[list[str], list[str]]:
+        """(hosts, services): service names taken as they are, everything else through `resolve`."""
+        services = [t for t in dict.fromkeys(targets) if self.is_service(t)]
+        rest = [t for t in targets if not self.is_service(t)]
+        return (self.resolve(rest) if rest else []), services
 
     def is_group(self, name: str) -> bool:
         return name in self.groups or name == "all"
@@ -625,6 +647,60 @@ class Inventory:
     def profile(self, host: str, overrides: Sequence[str] = ()) -> Profile:
         fallback = _shown(self.host_files[host]) if host in self.host_files else self.listed.get(host, host)
         return validate(self.sourced(host, overrides), fallback=fallback)
+
+    def service_nodes(self, service: str) -> list[str]:
+        """The nodes of a multi-node service, in rank order (read from its file, not validated)."""
+        src = self._service_file(service)
+        nodes = (src.data.get("multinode") or {}).get("nodes") if isinstance(src.data.get("multinode"), dict) else None
+        return [str(n) for n in nodes] if isinstance(nodes, list) else []
+
+    def _service_file(self, service: str) -> Sourced:
+        if service not in self.service_files:
+            hint = _did_you_mean(service, self.service_files)
+            raise ProfileError([f"no service {service!r}{hint} (services: {', '.join(self.service_files) or 'none'}; "
+                                f"a multi-node service is {_shown(self.directory / SERVICES_DIR)}/<name>.yaml)"])
+        return self._file(self.service_files[service])
+
+    def service_profiles(self, service: str, overrides: Sequence[str] = ()) -> list[Profile]:
+        """One profile per node, in rank order: each node's own layers (defaults, its groups, its
+        entry and file: how it is reached, its cards), then the service file, then --set, with
+        multinode.service and multinode.node_rank filled in. Every problem of every node at once."""
+        src = self._service_file(service)
+        shown = _shown(self.service_files[service])
+        problems: list[str] = []
+        mn = src.data.get("multinode")
+        if not isinstance(mn, dict) or not isinstance(mn.get("nodes"), list) or len(mn["nodes"]) < 2:
+            raise ProfileError([f"{src.origin.get(('multinode',), shown)} multinode.nodes: a service file lists its "
+                                "nodes in rank order (at least two): multinode: {nodes: [host-a, host-b], ...}"])
+        for key in _TOOL_SET:
+            if key in mn:
+                problems.append(f"{src.origin.get(('multinode', key), shown)} multinode.{key}: set by the tool (from "
+                                "the file's name and the order of multinode.nodes), not in the file")
+        if "name" in src.data:
+            problems.append(f"{src.origin.get(('name',), shown)} name: a service file cannot set a host's name")
+        for key in MEMBERSHIP:
+            if key in src.data:
+                problems.append(f"{src.origin.get((key,), shown)} {key}: a service lists its nodes in multinode.nodes")
+        known = set(self.hosts())
+        nodes = [str(n) for n in mn["nodes"]]
+        for i, node in enumerate(nodes):
+            if node not in known:
+                problems.append(f"{src.origin.get(('multinode', 'nodes', str(i)), shown)} multinode.nodes.{i}: "
+                                f"{self._unknown(node)}")
+        if problems:
+            raise ProfileError(problems)
+        out: list[Profile] = []
+        for rank, node in enumerate(nodes):
+            try:
+                layered = _merge(self.sourced(node), src)
+                layered.data["name"] = node
+                layered.data["multinode"] = {**layered.data["multinode"], "service": service, "node_rank": rank}
+                out.append(validate(_apply_overrides(layered, list(overrides)), fallback=shown))
+            except ProfileError as exc:
+                problems += [f"{m} (node {node}, rank {rank})" for m in exc.problems]
+        if problems:
+            raise ProfileError(list(dict.fromkeys(problems)))
+        return out
 
     def _unknown(self, host: str) -> str:
         path = _shown(self.directory / f"{host}.yaml")

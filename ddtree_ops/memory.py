@@ -38,12 +38,43 @@ class ModelShape:
     architecture: str = ""
     mla_cell: int | None = None  # kv_lora_rank + qk_rope_head_dim for MLA models
 
-    def cell_bytes(self, kv_dtype: str = "auto", tp: int = 1) -> int:
+    heads: int = 0  # attention (query) heads
+
+    def cell_bytes(self, kv_dtype: str = "auto", tp: int = 1, pp: int = 1) -> int:
+        """KV bytes per token on one rank: its share of the KV heads (SGLang replicates them when
+        tp > KV heads: each rank then holds one) over its pipeline stage's layers."""
         b = _DTYPE_BYTES.get(kv_dtype, 2) if kv_dtype != "auto" else self.dtype_bytes
+        layers = math.ceil(self.layers / pp)
         if self.mla_cell is not None:
-            return self.mla_cell * self.layers * b
-        heads = max(1, math.ceil(self.kv_heads / tp))  # replicated when tp > kv heads
-        return heads * (self.head_dim + self.v_head_dim) * self.layers * b
+            return self.mla_cell * layers * b
+        heads = max(1, self.kv_heads // tp)
+        return heads * (self.head_dim + self.v_head_dim) * layers * b
+
+
+def tp_problem(shape: ModelShape, tp: int, what: str = "the model") -> str | None:
+    """SGLang's own split of attention over tensor-parallel ranks (models/qwen3.py and llama.py,
+    dflash.py for the draft): the query heads must divide by tp; the KV heads too when there are
+    at least tp of them, else tp must divide by them (each rank then holds a replica)."""
+    if tp <= 1 or shape.mla_cell is not None:
+        return None
+    if shape.heads and shape.heads % tp:
+        return f"{what}'s {shape.heads} attention heads do not divide by tp_size {tp}"
+    kv = shape.kv_heads
+    if kv >= tp and kv % tp:
+        return f"{what}'s {kv} KV heads do not divide by tp_size {tp}"
+    if kv < tp and tp % kv:
+        return f"tp_size {tp} is not a multiple of {what}'s {kv} KV heads (SGLang replicates them only that way)"
+    return None
+
+
+def split_of(shape: ModelShape, tp: int) -> str:
+    """How the attention heads split, in words: `32 heads and 8 KV heads: 16 and 4 per rank`."""
+    if shape.mla_cell is not None:
+        return "MLA (one latent KV per token on every rank)"
+    kv = shape.kv_heads
+    per = f"{shape.heads // tp if shape.heads else '?'} and {max(1, kv // tp)} per rank"
+    rep = f" (KV heads replicated: {tp // kv} ranks share each)" if kv < tp else ""
+    return f"{shape.heads} heads and {kv} KV heads: {per}{rep}"
 
 
 def model_shape(config: dict[str, Any], *, layers_override: int | None = None) -> ModelShape:
@@ -68,7 +99,7 @@ def model_shape(config: dict[str, Any], *, layers_override: int | None = None) -
     archs = config.get("architectures") or [""]
     return ModelShape(layers=layers, kv_heads=kv_heads, head_dim=head_dim, v_head_dim=head_dim, hidden=hidden,
                       vocab=vocab, dtype_bytes=_DTYPE_BYTES.get(dtype, 2), params=per_layer * layers + embeddings,
-                      architecture=str(archs[0]), mla_cell=mla)
+                      architecture=str(archs[0]), mla_cell=mla, heads=heads)
 
 
 def weights_bytes(config: dict[str, Any], index: dict[str, Any] | None, file_bytes: int = 0) -> int:
@@ -126,25 +157,49 @@ class MemoryPlan:
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     suggestions: list[str] = field(default_factory=list)
+    tp: int = 1  # every figure above is one rank's: weights and cells are its share
+    pp: int = 1
+    cards: int = 1  # the cards the free memory is the least of
 
     @property
     def fits(self) -> bool:
         return not self.problems
 
+    @property
+    def ranks(self) -> int:
+        return self.tp * self.pp
+
     def summary(self) -> str:
-        return (f"KV pool {self.tokens:,} tokens ({self.kv_gib:.1f} GiB at {self.cell_bytes / 1024:.0f} KiB/token) "
-                f"= {self.mem_fraction_static:g} x {self.free_before_load_gib:.1f} GiB free - "
-                f"{self.weights_gib + self.draft_weights_gib:.1f} GiB weights; needs "
+        weights = self.weights_gib + self.draft_weights_gib
+        if self.ranks == 1 and self.cards == 1:
+            return (f"KV pool {self.tokens:,} tokens ({self.kv_gib:.1f} GiB at {self.cell_bytes / 1024:.0f} KiB/token) "
+                    f"= {self.mem_fraction_static:g} x {self.free_before_load_gib:.1f} GiB free - "
+                    f"{weights:.1f} GiB weights; needs "
+                    f"{self.context_length:,} x {self.concurrency} = {self.needed_tokens:,}")
+        split = " x ".join(f"{k} {v}" for k, v in (("tp", self.tp), ("pp", self.pp)) if v > 1) or "1 rank"
+        least = f" (the least of {self.cards} cards)" if self.cards > 1 else ""
+        return (f"per rank ({split}): KV pool {self.tokens:,} tokens ({self.kv_gib:.1f} GiB at "
+                f"{self.cell_bytes / 1024:.0f} KiB/token) = {self.mem_fraction_static:g} x "
+                f"{self.free_before_load_gib:.1f} GiB free{least} - {weights:.1f} GiB weights "
+                f"({weights * self.ranks:.1f} GiB / {self.ranks}); needs "
                 f"{self.context_length:,} x {self.concurrency} = {self.needed_tokens:,}")
 
 
 def plan(*, gpu_total_mib: int, free_mib: int, target: ModelShape, weights: int, draft_cell: int = 0,
          draft_weights: int = 0, mem_fraction_static: float, context_length: int, concurrency: int,
          kv_cache_dtype: str = "auto", page_size: int = 1, speculative: bool = True,
-         cuda_graph_max_bs: int = 8, chunked_prefill: int | None = None) -> MemoryPlan:
+         cuda_graph_max_bs: int = 8, chunked_prefill: int | None = None, tp: int = 1, pp: int = 1,
+         cards: int = 1) -> MemoryPlan:
+    """One rank's budget. `free_mib` is the LEAST free memory over the service's cards (SGLang
+    takes the minimum across ranks before sizing: get_available_gpu_memory(distributed=True));
+    `weights`, `draft_weights` and `draft_cell` are whole-model figures, split here as SGLang
+    splits them: weights over tp x pp ranks, the draft's over tp (it runs on every TP rank, its
+    layers tensor-parallel), KV cells by each rank's share of the KV heads and layers."""
     pre = max(free_mib - CUDA_CONTEXT_MIB, 0) * MIB
+    weights = math.ceil(weights / (tp * pp))
+    draft_weights = math.ceil(draft_weights / tp)
     loaded = weights + draft_weights
-    cell = target.cell_bytes(kv_cache_dtype) + draft_cell
+    cell = target.cell_bytes(kv_cache_dtype, tp, pp) + draft_cell
     kv = mem_fraction_static * pre - loaded
     tokens = max(0, int(kv // cell) // page_size * page_size) if kv > 0 else 0
     needed = context_length * concurrency
@@ -169,7 +224,7 @@ def plan(*, gpu_total_mib: int, free_mib: int, target: ModelShape, weights: int,
         draft_weights_gib=draft_weights / GIB, mem_fraction_static=mem_fraction_static,
         kv_gib=max(kv, 0) / GIB, cell_bytes=cell, tokens=tokens, needed_tokens=needed,
         headroom_gib=headroom / GIB, reserve_gib=reserve / GIB, context_length=context_length,
-        concurrency=concurrency, problems=problems, warnings=warnings)
+        concurrency=concurrency, problems=problems, warnings=warnings, tp=tp, pp=pp, cards=cards)
     result.suggestions.extend(_suggest(result, pre, loaded, page_size))
     return result
 
@@ -193,3 +248,12 @@ def _suggest(p: MemoryPlan, pre: float, loaded: int, page_size: int) -> list[str
         note = "" if mfs <= max_safe else f" (leaves less than SGLang's {p.reserve_gib:.1f} GiB runtime reserve)"
         out.append(f"memory.mem_fraction_static={mfs:.2f}{note}")
     return out
+
+
+def smallest_fitting_tp(fits_at: Any, valid: Any, start: int, limit: int = 16) -> int | None:
+    """The smallest tensor-parallel size above `start` (and at most `limit`) that SGLang accepts for
+    the model (`valid(tp)`) and at which the plan fits (`fits_at(tp)`), or None."""
+    for tp in range(start + 1, limit + 1):
+        if valid(tp) and fits_at(tp):
+            return tp
+    return None

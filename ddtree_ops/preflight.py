@@ -66,6 +66,34 @@ class Check:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class CardRow:
+    """One card the service owns, as preflight found it (MiB), and the rank SGLang puts on it."""
+
+    index: int
+    name: str
+    total_mib: int
+    free_mib: int
+    ours_mib: int  # held by the service's own unit now (freed by the restart)
+    others_mib: int  # held by anything else: stays taken
+    rank: str  # "TP0", "TP1", ... ("-" for a single-rank service)
+
+    @property
+    def free_for_service(self) -> int:
+        return min(self.total_mib, self.free_mib + self.ours_mib)
+
+
+@dataclass
+class Shapes:
+    """What preflight read about the model and the draft, for sizing the KV pool again with the
+    least free memory of a multi-node service's every card."""
+
+    target: memory.ModelShape
+    weights: int
+    draft: memory.ModelShape | None = None
+    draft_weights: int = 0
+
+
 @dataclass
 class Preflight:
     checks: list[Check] = field(default_factory=list)
@@ -75,6 +103,8 @@ class Preflight:
     installed_env: str | None = None
     plugin_needed: bool = False  # the ddtree plugin must be (re)installed in the host venv
     sglang_version: str | None = None
+    cards: list[CardRow] = field(default_factory=list)
+    shapes: Shapes | None = None
 
     @property
     def failed(self) -> list[Check]:
@@ -93,7 +123,11 @@ class Preflight:
         return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks],
                 "memory": None if self.memory is None else {
                     k: v for k, v in self.memory.__dict__.items()},
-                "gpu": None if self.gpu is None else self.gpu.to_json()}
+                "gpu": None if self.gpu is None else self.gpu.to_json(),
+                "cards": [dict(c.__dict__, free_for_service_mib=c.free_for_service) for c in self.cards]}
+
+    def replace(self, name: str, check: Check) -> None:
+        self.checks = [check if c.name == name else c for c in self.checks]
 
 
 def _json(data: bytes | None) -> dict[str, Any] | None:
@@ -110,32 +144,93 @@ def _draft_path(p: Profile, mode: str) -> str | None:
     return p.mode(mode).draft_model_path
 
 
+def rank_labels(p: Profile) -> list[str]:
+    """SGLang's name of the rank on each of this node's cards (its log prefix: TP0, TP1, ...)."""
+    z = p.sizes
+    if z.world == 1:
+        return ["-"] * len(p.cards())
+    first = (p.multinode.node_rank if p.multinode else 0) * p.ranks_per_node
+    out = []
+    for i in range(len(p.cards())):
+        dp, rest = divmod(first + i, z.tp_size * z.pp_size)
+        pp, tp = divmod(rest, z.tp_size)
+        out.append((f"DP{dp} " if z.dp_size > 1 else "") + (f"PP{pp} " if z.pp_size > 1 else "") + f"TP{tp}")
+    return out
+
+
 def check_gpu(pf: Preflight, p: Profile, snap: GpuSnapshot) -> None:
     pf.gpu = snap
     if not snap.gpus:
         pf.add("gpu", FAIL, "no GPU visible on the host: " + "; ".join(snap.errors or ["probe returned nothing"]))
         return
-    gpu = snap.gpus[0]
+    cards = p.cards()
+    indexes = [c.index for c in cards]
+    missing = [c.index for c in cards if snap.card(c.index) is None]
+    for c, label in zip(cards, rank_labels(p)):
+        g = snap.card(c.index)
+        if g is None:
+            continue
+        ours = sum(a.used_mib for a in snap.apps_on(c.index) if a.unit == p.service.unit)
+        pf.cards.append(CardRow(c.index, g.name, g.memory_total_mib, g.memory_free_mib, ours,
+                                max(g.memory_used_mib - ours, 0), label))
+    wrong = [(c, g) for c in cards if (g := snap.card(c.index)) is not None and g.arch != c.arch]
+    gpu = snap.card(indexes[0]) or snap.gpus[0]
     if len(snap.gpus) < p.gpu.count:
         pf.add("gpu", FAIL, f"{len(snap.gpus)} GPU(s) visible, the profile expects {p.gpu.count}")
-    elif gpu.arch != p.gpu.arch:
-        pf.add("gpu", FAIL, f"{gpu.name} is {gpu.arch}, the profile says {p.gpu.arch}: backend rules "
+    elif missing:
+        seen = ", ".join(str(g.index) for g in snap.gpus)
+        pf.add("gpu", FAIL, f"card{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of gpus "
+                            f"{'are' if len(missing) > 1 else 'is'} not on the host (it has {len(snap.gpus)}: {seen})")
+    elif wrong:
+        c, g = wrong[0]
+        pf.add("gpu", FAIL, f"{g.name} is {g.arch}, the profile says {c.arch}: backend rules "
                             "(facts 7.3) were checked for the wrong architecture")
-    else:
+    elif p.gpus is None:
         drift = abs(gpu.memory_total_mib - p.gpu.memory_mib) / p.gpu.memory_mib
         status = WARN if drift > 0.05 or gpu.name != p.gpu.model else OK
         pf.add("gpu", status, f"{len(snap.gpus)} x {gpu.name} ({gpu.arch}), {gpu.memory_free_mib:,} of "
                               f"{gpu.memory_total_mib:,} MiB free (via {snap.source})"
                               + ("" if status == OK else f"; profile says {p.gpu.model}, {p.gpu.memory_mib:,} MiB"))
-    strays = snap.strays(p.service.unit)
+    else:
+        drifted = [f"card {c.index} is {g.name}, {g.memory_total_mib:,} MiB (profile: {c.model}, {c.memory_mib:,} MiB)"
+                   for c in cards if (g := snap.card(c.index)) is not None
+                   and (abs(g.memory_total_mib - c.memory_mib) / c.memory_mib > 0.05 or g.name != c.model)]
+        free = ", ".join(f"{r.index}: {r.free_mib:,}" for r in pf.cards)
+        pf.add("gpu", WARN if drifted else OK,
+               f"cards {', '.join(map(str, indexes))} of {len(snap.gpus)} for this service ({len(cards)} x "
+               f"{gpu.name}, {gpu.arch}); MiB free per card {free} (via {snap.source})"
+               + ("; " + "; ".join(drifted) if drifted else ""))
+    strays = snap.strays(p.service.unit, indexes)
+    uuid_index = {g.uuid: g.index for g in snap.gpus}
     if strays:
-        listing = ", ".join(f"pid {a.pid} {a.name or ''} {a.used_mib:,} MiB ({a.unit or 'no unit'})".replace("  ", " ")
+        listing = ", ".join((f"card {uuid_index.get(a.gpu_uuid, '?')}: " if p.gpus is not None else "")
+                            + f"pid {a.pid} {a.name or ''} {a.used_mib:,} MiB ({a.unit or 'no unit'})".replace("  ", " ")
                             for a in strays)
         pf.add("gpu-processes", WARN, f"processes outside {p.service.unit} hold GPU memory: {listing}; "
                                       "stray workers of an earlier run cause false 'Not enough memory' failures",
                strays=[a.__dict__ for a in strays])
+        imbalance = _imbalance(pf.cards)
+        if imbalance:
+            pf.add("gpu-balance", WARN, imbalance)
     else:
-        pf.add("gpu-processes", OK, "no process outside the service holds GPU memory")
+        where = f" on cards {', '.join(map(str, indexes))}" if p.gpus is not None else ""
+        pf.add("gpu-processes", OK, f"no process outside the service holds GPU memory{where}")
+
+
+def _imbalance(cards: list[CardRow]) -> str:
+    """SGLang's own TP memory balance rule (distributed/bootstrap.py, _check_tp_memory_balance): the
+    least free memory across ranks below 0.9 x a rank's own means another process holds part of
+    some card; every rank's pool is then sized for the least (0.5.23 warns; with
+    SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK it refuses to start)."""
+    if len(cards) < 2:
+        return ""
+    least = min(cards, key=lambda r: r.free_for_service)
+    most = max(cards, key=lambda r: r.free_for_service)
+    if least.free_for_service >= 0.9 * most.free_for_service:
+        return ""
+    return (f"card {least.index} has {least.free_for_service:,} MiB free for the service, card {most.index} "
+            f"{most.free_for_service:,}: SGLang sizes every rank's KV pool from the least "
+            "('The memory capacity is unbalanced. Some GPUs may be occupied by other processes.')")
 
 
 def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | None]) -> None:
@@ -155,7 +250,7 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
     pf.add("model", OK, f"{target.architecture or 'model'}: {target.layers} layers, {target.kv_heads} KV heads x "
                         f"{target.head_dim}, {weights / memory.GIB:.1f} GiB weights")
     cfg = p.mode(mode)
-    draft_cfg, draft_cell, draft_weights = None, 0, 0
+    draft_cfg, draft_shape, draft_weights = None, None, 0
     draft = _draft_path(p, mode)
     if draft:
         draft_cfg = _json(files.get(f"{draft}/config.json"))
@@ -163,34 +258,98 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
             pf.add("draft", FAIL, f"{draft}/config.json is missing or unreadable on the host")
             return
         draft_weights = memory.draft_weights_bytes(draft_cfg, target)
-        # the draft's own KV pool has the target's token capacity (EAGLE/NEXTN and DFlash alike)
-        draft_cell = memory.model_shape(draft_cfg).cell_bytes(p.memory.kv_cache_dtype)
+        draft_shape = memory.model_shape(draft_cfg)
         if isinstance(cfg, (DflashMode, DDTreeShadowMode)):
             _check_dflash_draft(pf, cfg, draft, draft_cfg, target_cfg)
         else:
-            pf.add("draft", OK, f"{draft}: {memory.model_shape(draft_cfg).layers}-layer draft")
-    pf.memory = memory.plan(
-        gpu_total_mib=pf.gpu.gpus[0].memory_total_mib if pf.gpu and pf.gpu.gpus else p.gpu.memory_mib,
-        free_mib=_free_for_service(pf, p), target=target, weights=weights, draft_cell=draft_cell,
-        draft_weights=draft_weights, mem_fraction_static=p.memory.mem_fraction_static,
-        context_length=p.memory.context_length, concurrency=p.memory.max_running_requests,
-        kv_cache_dtype=p.memory.kv_cache_dtype, page_size=p.memory.page_size,
-        speculative=True, cuda_graph_max_bs=p.memory.cuda_graph_max_bs or 0,
-        chunked_prefill=p.memory.chunked_prefill_size)
-    plan = pf.memory
+            pf.add("draft", OK, f"{draft}: {draft_shape.layers}-layer draft")
+    pf.shapes = Shapes(target, weights, draft_shape, draft_weights)
+    if p.parallel is not None:
+        check_parallel(pf, p, mode)
+    plan_memory(pf, p, _free_for_service(pf, p), max(len(pf.cards), 1))
+
+
+def check_parallel(pf: Preflight, p: Profile, mode: str) -> None:
+    """The model's heads against tp_size, the way SGLang splits them (the target's attention in
+    models/qwen3.py / llama.py, the DFlash draft's in models/dflash.py); and what DDTREE's shadow
+    accounting does with a sharded LM head."""
+    shapes, z = pf.shapes, p.sizes
+    if shapes is None:
+        return
+    problems = [x for x in (memory.tp_problem(shapes.target, z.tp_size),
+                            memory.tp_problem(shapes.draft, z.tp_size, "the draft") if shapes.draft else None) if x]
+    ranks = f"dp {z.dp_size} x tp {z.tp_size} x pp {z.pp_size}" + (f", ep {z.ep_size}" if z.ep_size > 1 else "")
+    if problems:
+        pf.add("parallel", FAIL, "; ".join(problems) + " (SGLang asserts this when it builds the attention layers); "
+                                 f"use a tp_size that divides them ({ranks})")
+    else:
+        nodes = f" on {p.nnodes} nodes" if p.nnodes > 1 else ""
+        pf.add("parallel", OK, f"{ranks}{nodes}: {memory.split_of(shapes.target, z.tp_size)}")
+    if z.tp_size > 1 and isinstance(p.mode(mode), DDTreeShadowMode):
+        pf.add("shadow", WARN, f"tp_size {z.tp_size} shards the LM head across ranks: the DDTREE plugin reads the "
+                               "draft's per-position distributions only from an unsharded head, so shadow accounting "
+                               "stays off (DFlash serves as usual, the plugin logs that it is off, and smoke "
+                               "reports no shadow rounds)")
+
+
+def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
+    """The per-rank KV pool with SGLang's formula from the least free memory of the service's
+    cards (`free_mib`); adds or replaces the `memory` check."""
+    shapes = pf.shapes
+    if shapes is None:
+        return
+    z = p.sizes
+    kv = p.memory.kv_cache_dtype
+    total = min((r.total_mib for r in pf.cards), default=pf.gpu.gpus[0].memory_total_mib
+                if pf.gpu and pf.gpu.gpus else p.gpu.memory_mib)
+
+    def at(tp: int) -> memory.MemoryPlan:
+        return memory.plan(
+            gpu_total_mib=total, free_mib=free_mib, target=shapes.target, weights=shapes.weights,
+            draft_cell=shapes.draft.cell_bytes(kv, tp) if shapes.draft else 0, draft_weights=shapes.draft_weights,
+            mem_fraction_static=p.memory.mem_fraction_static, context_length=p.memory.context_length,
+            concurrency=p.memory.max_running_requests, kv_cache_dtype=kv, page_size=p.memory.page_size,
+            speculative=True, cuda_graph_max_bs=p.memory.cuda_graph_max_bs or 0,
+            chunked_prefill=p.memory.chunked_prefill_size, tp=tp, pp=z.pp_size, cards=cards)
+
+    plan = at(z.tp_size)
+    if not plan.fits:
+        def valid(tp: int) -> bool:
+            return (not memory.tp_problem(shapes.target, tp) and tp % z.ep_size == 0
+                    and not (shapes.draft and memory.tp_problem(shapes.draft, tp)))
+
+        more = memory.smallest_fitting_tp(lambda tp: at(tp).fits, valid, z.tp_size)
+        if more is not None:
+            bigger = at(more)
+            per_node = more * z.pp_size * z.dp_size // p.nnodes
+            hint = (f"parallel.tp_size={more} with {per_node} card{'s' if per_node > 1 else ''}"
+                    f"{' per node' if p.nnodes > 1 else ''} in gpus (each rank then holds "
+                    f"{bigger.weights_gib + bigger.draft_weights_gib:.1f} GiB of weights and a pool of "
+                    f"{bigger.tokens:,} tokens)")
+            # when the weights alone do not fit, more cards is the fix, not less context
+            plan.suggestions.insert(0 if plan.tokens <= 0 else len(plan.suggestions), hint)
+    pf.memory = plan
     if plan.problems:
         fixes = "; or ".join(plan.suggestions) if plan.suggestions else "a smaller model, quantization or more GPUs"
         why = plan.problems[0] if plan.tokens <= 0 else "that does not fit"
-        pf.add("memory", FAIL, f"{plan.summary()}: {why}. Would fit: {fixes}",
-               tokens=plan.tokens, needed=plan.needed_tokens, suggestions=plan.suggestions)
+        check = Check("memory", FAIL, f"{plan.summary()}: {why}. Would fit: {fixes}",
+                      dict(tokens=plan.tokens, needed=plan.needed_tokens, suggestions=plan.suggestions))
     else:
-        pf.add("memory", WARN if plan.warnings else OK, plan.summary() + ("; " + " ".join(plan.warnings) if plan.warnings else ""),
-               tokens=plan.tokens, needed=plan.needed_tokens)
+        check = Check("memory", WARN if plan.warnings else OK,
+                      plan.summary() + ("; " + " ".join(plan.warnings) if plan.warnings else ""),
+                      dict(tokens=plan.tokens, needed=plan.needed_tokens))
+    if any(c.name == "memory" for c in pf.checks):
+        pf.replace("memory", check)
+    else:
+        pf.checks.append(check)
 
 
 def _free_for_service(pf: Preflight, p: Profile) -> int:
-    """Free memory the new server will find: today's free plus what the service itself holds
-    (it is stopped by the restart); memory held by anything else stays taken."""
+    """Free memory the new server will find on the least free of its cards: today's free plus what
+    the service itself holds there (it is stopped by the restart); memory held by anything else
+    stays taken. SGLang sizes every rank's pool from this minimum."""
+    if pf.cards:
+        return min(r.free_for_service for r in pf.cards)
     if not pf.gpu or not pf.gpu.gpus:
         return p.gpu.memory_mib
     gpu = pf.gpu.gpus[0]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Callable, Literal, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ddtree_ops.errors import ProfileError
 
@@ -62,6 +62,71 @@ class GpuSection(_Strict):
     memory_mib: Annotated[int, Field(ge=1024, le=1 << 22)]
     arch: Annotated[str, Field(pattern=r"^sm_\d{2,3}$")]
     count: Annotated[int, Field(ge=1, le=64)] = 1
+
+
+CardIndex = Annotated[int, Field(ge=0, le=63)]
+
+
+class ParallelSection(_Strict):
+    """SGLang's own parallel sizes, under their flag names (--tp-size, --dp-size, --pp-size,
+    --ep-size). GPUs a service needs: dp x tp x pp in all (dp counts replicas, as `--dp-size` does
+    since attention DP moved to its own flag), split evenly over its nodes."""
+
+    tp_size: Annotated[int, Field(ge=1, le=64)] = 1
+    dp_size: Annotated[int, Field(ge=1, le=64)] = 1
+    pp_size: Annotated[int, Field(ge=1, le=64)] = 1
+    ep_size: Annotated[int, Field(ge=1, le=64)] = 1
+
+    @property
+    def world(self) -> int:
+        return self.dp_size * self.tp_size * self.pp_size
+
+
+class GpuCard(_Strict):
+    """One card the service owns: its index on the host (nvidia-smi's, rendered into
+    CUDA_VISIBLE_DEVICES) and, where it differs from the `gpu:` section, its own facts."""
+
+    index: CardIndex
+    model: str | None = None
+    memory_mib: Annotated[int, Field(ge=1024, le=1 << 22)] | None = None
+    arch: Annotated[str, Field(pattern=r"^sm_\d{2,3}$")] | None = None
+
+
+@dataclass(frozen=True)
+class Card:
+    """A card with every fact filled in (from its own entry, else the profile's gpu section)."""
+
+    index: int
+    model: str
+    memory_mib: int
+    arch: str
+
+
+class MultinodeSection(_Strict):
+    """One SGLang service over several hosts: the same launch line on each node, with --nnodes,
+    --node-rank and --dist-init-addr. Written in a service file (profiles/services/<name>.yaml);
+    the tool fills in `service` and `node_rank` from the file's name and the order of `nodes`."""
+
+    nodes: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=2, max_length=64)]
+    # rank 0's address as the OTHER nodes reach it (torch's TCPStore listens there): an IP or a name
+    # they resolve; ssh_config's HostName is how this machine reaches it, which may be another network
+    dist_init_host: Annotated[str, Field(min_length=1, pattern=r"^[A-Za-z0-9_.:\[\]-]+$")]
+    dist_init_port: Port = 20000
+    # SGLang's --dist-timeout: how long the store waits for every node, and how long a collective
+    # waits for a dead peer before NCCL's watchdog takes the survivors down
+    dist_timeout_s: Annotated[int, Field(ge=1, le=86400)] | None = None
+    service: str = ""
+    node_rank: Annotated[int, Field(ge=0)] = 0
+
+    @property
+    def nnodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def dist_init_addr(self) -> str:
+        host = f"[{self.dist_init_host}]" if ":" in self.dist_init_host and not self.dist_init_host.startswith("[") \
+            else self.dist_init_host
+        return f"{host}:{self.dist_init_port}"
 
 
 class ServiceSection(_Strict):
@@ -172,6 +237,19 @@ class Profile(_Strict):
     gate: GateSection = GateSection()
     smoke: SmokeSection = SmokeSection()
     releases: ReleasesSection = ReleasesSection()
+    # None: the service owns card 0 alone and the launch line says nothing about parallelism (as
+    # before these sections existed); set, the launch line names its sizes and its cards
+    parallel: ParallelSection | None = None
+    gpus: Annotated[list[GpuCard], Field(min_length=1, max_length=64)] | None = None
+    multinode: MultinodeSection | None = None
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _card_indexes(cls, value: Any) -> Any:
+        # `gpus: [0, 1]` is the short form of `gpus: [{index: 0}, {index: 1}]`
+        if isinstance(value, list):
+            return [{"index": v} if isinstance(v, int) and not isinstance(v, bool) else v for v in value]
+        return value
 
     def mode(self, name: str) -> ModeConfig:
         cfg = {"nextn": self.modes.nextn, "dflash": self.modes.dflash,
@@ -188,6 +266,25 @@ class Profile(_Strict):
     @property
     def arch_number(self) -> int:
         return int(self.gpu.arch.removeprefix("sm_"))
+
+    @property
+    def sizes(self) -> ParallelSection:
+        return self.parallel or ParallelSection()
+
+    @property
+    def nnodes(self) -> int:
+        return self.multinode.nnodes if self.multinode else 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        return max(1, self.sizes.world // self.nnodes)
+
+    def cards(self) -> list[Card]:
+        """The cards this service owns on this host, each with its facts; card 0 alone when the
+        profile lists none (what SGLang uses with one rank and no CUDA_VISIBLE_DEVICES)."""
+        g = self.gpu
+        entries = self.gpus or [GpuCard(index=0)]
+        return [Card(c.index, c.model or g.model, c.memory_mib or g.memory_mib, c.arch or g.arch) for c in entries]
 
     def resolved(self) -> dict[str, Any]:
         """The resolved profile as plain data, with mode keys as operators write them."""
@@ -494,6 +591,8 @@ def _format_error(e: Any, src: Sourced, fallback: str) -> str:
         return f"{where} {path}: {value!r} is not one of {ctx.get('expected')}"
     if kind == "string_pattern_mismatch":
         return f"{where} {path}: {value!r} does not match {_pattern_hint(ctx.get('pattern', ''))}"
+    if kind in ("model_type", "model_attributes_type") and len(loc) == 2 and loc[0] == "gpus":
+        return f"{where} {path}: expected a card index (0, 1, ...) or a mapping {{index: N, ...}}, got {value!r}"
     if kind.endswith("_type") or kind.endswith("_parsing") or kind == "model_type":
         want = kind.removesuffix("_type").removesuffix("_parsing").replace("model", "mapping").replace("dict", "mapping")
         return f"{where} {path}: expected {want}, got {type(value).__name__} {value!r}"
@@ -599,6 +698,14 @@ _RENDERED_FLAGS = {
     "--speculative-num-draft-tokens": "modes.<mode>.block_size / num_draft_tokens",
     "--speculative-num-steps": "modes.nextn.num_steps", "--speculative-eagle-topk": "modes.nextn.eagle_topk",
     "--speculative-draft-attention-backend": "modes.<mode>.draft_attention_backend",
+    "--tp-size": "parallel.tp_size", "--tensor-parallel-size": "parallel.tp_size", "--tp": "parallel.tp_size",
+    "--dp-size": "parallel.dp_size", "--data-parallel-size": "parallel.dp_size", "--dp": "parallel.dp_size",
+    "--pp-size": "parallel.pp_size", "--pipeline-parallel-size": "parallel.pp_size",
+    "--ep-size": "parallel.ep_size", "--expert-parallel-size": "parallel.ep_size", "--ep": "parallel.ep_size",
+    "--nnodes": "multinode.nodes", "--node-rank": "multinode.nodes (the order)",
+    "--dist-init-addr": "multinode.dist_init_host / dist_init_port",
+    "--nccl-init-addr": "multinode.dist_init_host / dist_init_port", "--dist-timeout": "multinode.dist_timeout_s",
+    "--base-gpu-id": "gpus", "--gpu-id-step": "gpus",
 }
 
 
@@ -643,10 +750,65 @@ def check_rules(p: Profile) -> list[tuple[Loc, str]]:
         flag = arg.split("=", 1)[0]
         if flag in rendered:
             out.append((("service", "extra_args", str(i)), f"{flag} is rendered from {rendered[flag]}; set it there"))
+    out += _parallel_rules(p)
     for name, ref in p.service.secrets.items():
         if ref.startswith("file:") and not ref[5:].startswith("/"):
             out.append((("service", "secrets", name), "file: references need an absolute path"))
     clash = set(p.service.env) & set(p.service.secrets)
     for name in sorted(clash):
         out.append((("service", "secrets", name), "also set in service.env; keep it in one place"))
+    return out
+
+
+def _parallel_rules(p: Profile) -> list[tuple[Loc, str]]:
+    """SGLang's own rules for parallel sizes, checked before anything reaches a host (the model's
+    head counts are checked at preflight, where its config.json is read)."""
+    out: list[tuple[Loc, str]] = []
+    z = p.sizes
+    nn = p.nnodes
+    where = ("parallel", "tp_size")
+    if z.tp_size % z.ep_size:
+        out.append((("parallel", "ep_size"), f"{z.ep_size} does not divide tp_size {z.tp_size}: experts are split "
+                                             "inside the tensor-parallel group (SGLang: tp = ep x moe_dp x moe_tp)"))
+    if p.multinode is not None:
+        m = p.multinode
+        if (z.tp_size * z.pp_size) % nn:
+            out.append((where, f"tp_size x pp_size = {z.tp_size * z.pp_size} does not divide over the {nn} nodes of "
+                               "multinode.nodes (SGLang: 'tp_size must be divisible by number of nodes')"))
+        if z.dp_size > 1:
+            out.append((("parallel", "dp_size"), "data-parallel replicas cannot span nodes (SGLang refuses --dp-size "
+                                                 "with --nnodes > 1; deploy one service per replica)"))
+        seen: set[str] = set()
+        for i, node in enumerate(m.nodes):
+            if node in seen:
+                out.append((("multinode", "nodes", str(i)), f"{node!r} is listed twice"))
+            seen.add(node)
+        if not 0 <= m.node_rank < nn:
+            out.append((("multinode", "node_rank"), f"{m.node_rank} is not a rank of {nn} nodes"))
+    if z.world % nn:
+        return out
+    per_node = z.world // nn
+    sizes = f"dp {z.dp_size} x tp {z.tp_size} x pp {z.pp_size} = {z.world} rank(s)" + (
+        f" over {nn} nodes = {per_node} per node" if nn > 1 else "")
+    if p.gpus is None:
+        if per_node > 1:
+            out.append((where, f"{sizes}: list the {per_node} cards each node gives the service in gpus "
+                               f"(e.g. gpus: {list(range(per_node))})"))
+        return out
+    if len(p.gpus) != per_node:
+        out.append((("gpus",), f"{len(p.gpus)} card(s) listed, but {sizes}: SGLang starts one rank per card"))
+    seen_idx: dict[int, int] = {}
+    for i, c in enumerate(p.gpus):
+        if c.index in seen_idx:
+            out.append((("gpus", str(i), "index"), f"card {c.index} is listed twice (also gpus.{seen_idx[c.index]})"))
+        seen_idx.setdefault(c.index, i)
+    archs = {c.arch for c in p.cards()}
+    if len(archs) > 1:
+        out.append((("gpus",), f"the cards mix architectures ({', '.join(sorted(archs))}): every rank runs the same "
+                               "kernels and backends, so a service's cards share one"))
+    elif archs and archs != {p.gpu.arch}:
+        (arch,) = archs
+        for loc, backend in [(("memory", "attention_backend"), p.memory.attention_backend)]:
+            if backend in _BACKEND_ARCH and not _BACKEND_ARCH[backend][0] <= int(arch[3:]) <= _BACKEND_ARCH[backend][1]:
+                out.append((loc, f"{backend!r} does not run on the service's {arch} cards (use flashinfer or triton)"))
     return out

@@ -151,3 +151,51 @@ def boot_epoch() -> Argv:
 
 def kernel_log_since(epoch: int) -> Argv:
     return ["journalctl", "--dmesg", "--since", f"@{epoch}", "--no-pager", "--quiet", "--output", "short-iso"]
+
+
+# ------------------------------------------------------------------ a multi-node service's steps
+# (staged on every node first, then stopped and started in the order SGLang needs)
+
+_UNIT_SHOW = ",".join(UNIT_PROPS)
+
+
+def stage_unit(unit: str) -> Argv:
+    """After the files are written: make systemd read them and enable the unit, start nothing."""
+    return ["sh", "-c", 'u="$1"; systemctl daemon-reload || exit 1; systemctl reset-failed -- "$u" 2>/dev/null; '
+            'systemctl enable --quiet -- "$u"', "sh", unit]
+
+
+def stop_and_wait(unit: str) -> Argv:
+    """Stop and return once it is stopped (a rank left running would hold its peers' collectives)."""
+    return ["sh", "-c", 's=$(date +%s%N); systemctl stop -- "$1"; printf "stop_ns=%s\\n" $(( $(date +%s%N) - s ))',
+            "sh", unit]
+
+
+def start_scoped(unit: str) -> Argv:
+    """The journal cursor and the unit's InvocationID from before the start (the gate judges this
+    start only), then the start itself, not waited for (ExecStartPost waits for readiness)."""
+    return ["sh", "-c", 'u="$1"; journalctl --unit "$u" --lines 0 --show-cursor --no-pager --quiet; '
+            f'systemctl show --property {_UNIT_SHOW} -- "$u"; systemctl reset-failed -- "$u" 2>/dev/null; '
+            'systemctl start --no-block -- "$u"', "sh", unit]
+
+
+# Run on a node by the service's Python: can it open a TCP connection to rank 0's rendezvous?
+# "refused" is fine (nothing listens there yet); a timeout is a firewall dropping the port or no route.
+TCP_PROBE = r'''
+import socket, sys
+host, port, timeout = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+try:
+    socket.create_connection((host.strip("[]"), port), timeout=timeout).close()
+    print("open")
+except ConnectionRefusedError:
+    print("refused")
+except socket.timeout:
+    print("timeout")
+except OSError as exc:
+    print("error %s" % exc)
+'''
+
+
+def tcp_probe(python: str, host: str, port: int, timeout_s: float = 3.0) -> Argv:
+    return ["sh", "-c", '"$1" -c "$2" "$3" "$4" "$5" 2>/dev/null || python3 -c "$2" "$3" "$4" "$5"', "sh",
+            python, TCP_PROBE, host, str(port), f"{timeout_s:g}"]

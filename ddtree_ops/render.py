@@ -36,12 +36,18 @@ class Rendered:
     env_text: str  # holds secret values: install it, never print it
     env_redacted: str  # what humans, logs and diffs see
     argv: tuple[str, ...]
+    digest: str = ""  # of everything that reaches the host; a multi-node release hashes every node's
+    service: str | None = None  # the multi-node service this node's unit belongs to
+    node_rank: int = 0
 
     def manifest(self) -> dict[str, object]:
         """What a release record keeps about itself (no secret values)."""
-        return {"release_id": self.release_id, "host": self.host, "mode": self.mode,
-                "profile_sha256": self.profile_sha, "unit_name": self.unit_name,
-                "unit_path": self.unit_path, "env_path": self.env_path, "argv": list(self.argv)}
+        doc: dict[str, object] = {"release_id": self.release_id, "host": self.host, "mode": self.mode,
+                                  "profile_sha256": self.profile_sha, "unit_name": self.unit_name,
+                                  "unit_path": self.unit_path, "env_path": self.env_path, "argv": list(self.argv)}
+        if self.service is not None:
+            doc.update(service=self.service, node_rank=self.node_rank)
+        return doc
 
 
 # --------------------------------------------------------------------------- quoting
@@ -149,7 +155,26 @@ def launch_argv(p: Profile, mode: str) -> list[str]:
                  "--speculative-num-draft-tokens", str(cfg.block_size)]
         if cfg.draft_attention_backend:
             argv += ["--speculative-draft-attention-backend", cfg.draft_attention_backend]
-    return argv + list(s.extra_args)
+    return argv + parallel_argv(p) + list(s.extra_args)
+
+
+def parallel_argv(p: Profile) -> list[str]:
+    """SGLang's parallel flags: the sizes once the profile has a parallel section (tp always, the
+    others when not 1), and for a multi-node service this node's place in it. The same line on
+    every node but for --node-rank."""
+    out: list[str] = []
+    if p.parallel is not None:
+        z = p.parallel
+        out += ["--tp-size", str(z.tp_size)]
+        for flag, value in (("--dp-size", z.dp_size), ("--pp-size", z.pp_size), ("--ep-size", z.ep_size)):
+            if value != 1:
+                out += [flag, str(value)]
+    m = p.multinode
+    if m is not None:
+        out += ["--nnodes", str(m.nnodes), "--node-rank", str(m.node_rank), "--dist-init-addr", m.dist_init_addr]
+        if m.dist_timeout_s is not None:
+            out += ["--dist-timeout", str(m.dist_timeout_s)]
+    return out
 
 
 def _num(x: float) -> str:
@@ -159,6 +184,9 @@ def _num(x: float) -> str:
 def mode_env(p: Profile, mode: str) -> dict[str, str]:
     """Environment the server needs beyond the profile's own service.env."""
     env = {"PYTHONUNBUFFERED": "1"}  # log lines reach journald as they happen: the gate reads them live
+    if p.gpus is not None:
+        # the cards the service owns, in rank order: SGLang numbers them 0..n-1 from here
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(c.index) for c in p.gpus)
     cfg = p.mode(mode)
     if isinstance(cfg, DDTreeShadowMode):
         # the in-tree engine is an SGLang plugin (entry point group sglang.srt.plugins, name ddtree)
@@ -210,7 +238,9 @@ def fill_template(template: str, values: Mapping[str, str]) -> str:
 
 
 def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
-           template: str | None = None) -> Rendered:
+           template: str | None = None, release_id: str | None = None) -> Rendered:
+    """`release_id`: the id a multi-node service's release has on every node (`render_service`);
+    otherwise it is derived from this host's own content."""
     environ = os.environ if environ is None else environ
     cfg = p.mode(mode)
     s = p.service
@@ -231,6 +261,9 @@ def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
     inputs = {"service": s.model_dump(mode="json"), "memory": p.memory.model_dump(mode="json"),
               "gpu": p.gpu.model_dump(mode="json"), "mode": cfg.model_dump(mode="json"),
               "name": mode}
+    for key in ("parallel", "gpus", "multinode"):  # only when set: single-GPU units keep their bytes
+        if getattr(p, key) is not None:
+            inputs[key] = json.loads(json.dumps(getattr(p, key), default=lambda o: o.model_dump(mode="json")))
     profile_sha = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
     stem = s.unit.removesuffix(".service")
     env_path = f"{s.env_dir}/{stem}.env"
@@ -250,11 +283,23 @@ def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
     # the release id hashes everything that reaches the host, secrets by their redacted digest
     body = fill_template(text, {**values, "release_id": "-"})
     digest = hashlib.sha256((body + env_redacted).encode()).hexdigest()
-    release_id = f"{mode}-{digest[:12]}"
+    release_id = release_id or f"{mode}-{digest[:12]}"
     unit_text = fill_template(text, {**values, "release_id": release_id})
+    m = p.multinode
     return Rendered(host=p.name, mode=mode, release_id=release_id, profile_sha=profile_sha[:16],
                     unit_name=s.unit, unit_path=f"/etc/systemd/system/{s.unit}", unit_text=unit_text,
-                    env_path=env_path, env_text=env_text, env_redacted=env_redacted, argv=tuple(argv))
+                    env_path=env_path, env_text=env_text, env_redacted=env_redacted, argv=tuple(argv),
+                    digest=digest, service=m.service if m else None, node_rank=m.node_rank if m else 0)
+
+
+def render_service(nodes: list[Profile], mode: str, *, environ: Mapping[str, str] | None = None,
+                   template: str | None = None) -> list[Rendered]:
+    """Every node of a multi-node service, in rank order, under one release id: the hash of what
+    reaches every node, so a change on any node is a new release of the whole service."""
+    first = [render(p, mode, environ=environ, template=template) for p in nodes]
+    combined = hashlib.sha256("".join(r.digest for r in first).encode()).hexdigest()
+    rid = f"{mode}-{combined[:12]}"
+    return [render(p, mode, environ=environ, template=template, release_id=rid) for p in nodes]
 
 
 def _secs(x: float) -> str:

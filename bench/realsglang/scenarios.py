@@ -54,6 +54,10 @@ GROUPS: dict[str, list[Scenario]] = {
         Scenario("dflash_eager", "DFLASH with the draft head kept eager (SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1), "
                  "as DDTREE shadow keeps it", "dflash", "healthy",
                  env={**SIMULATE, "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1"}, tax_arm="dflash-eager-head"),
+        # issue 14: the single-GPU path of the multi-GPU code, rendered through the parallel and gpus
+        # fields (--tp-size 1, CUDA_VISIBLE_DEVICES=0); real TP=2 needs a machine with several GPUs
+        Scenario("dflash_tp1", "DFLASH rendered through parallel.tp_size=1 and gpus=[0]", "dflash", "healthy",
+                 sets=("parallel.tp_size=1", "gpus=[0]"), env=SIMULATE),
         Scenario("ddtree_s025", "DDTREE shadow through the ddtree plugin, share 0.25", "ddtree-shadow", "healthy",
                  sets=("modes.ddtree-shadow.shadow.share=0.25",), env={**SIMULATE, **TRACE}, tax_arm="ddtree-share-0.25",
                  cli_smoke=True),

@@ -35,6 +35,20 @@ def inventory(profiles: Optional[str] = None, inventory_file: Optional[str] = No
     return Inventory.load(profiles_dir(profiles), inventory_file)
 
 
+def service_target(inv: "Inventory", names: "list[str] | None") -> str | None:
+    """The one multi-node service named, if the targets are a service (profiles/services/<name>.yaml);
+    a service among other targets is a usage error: it is one transaction of its own."""
+    from ddtree_ops.errors import UsageError
+
+    names = names or []
+    services = [n for n in names if inv.is_service(n)]
+    if not services:
+        return None
+    if len(names) > 1:
+        raise UsageError(f"{services[0]} is a multi-node service: name it alone (one transaction over its nodes)")
+    return services[0]
+
+
 def load(host: str, overrides: Optional[list[str]] = None, profiles: Optional[str] = None,
          inventory_file: Optional[str] = None) -> "Profile":
     return inventory(profiles, inventory_file).profile(host, overrides or [])

@@ -62,11 +62,18 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
     Example: ddtree-ops deploy a6000 pro6000 --mode dflash --canary 2 --batch 1,25% --max-fail 10% --yes
     """
     from ddtree_ops.cli import _fleet
-    from ddtree_ops.cli._common import confirm, connect, interactive
+    from ddtree_ops.cli._common import confirm, connect, interactive, service_target
     from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.deploy import deploy
 
     inv = load_inventory(profiles, inventory)
+    service = service_target(inv, targets)
+    if service is not None:
+        from ddtree_ops.cli import _service
+
+        return _service.deploy(inv, service, mode=mode, overrides=set_ or [], dry_run=dry_run, yes=yes,
+                               force_restart=force_restart, lock_wait=lock_wait, as_json=as_json,
+                               ssh_config=ssh_config)
     if not _fleet.is_single(inv, targets):
         from ddtree_ops import fleet
 
@@ -96,10 +103,10 @@ def show_plan(out: "Outcome") -> None:
     pf = out.preflight
     if pf is None:
         return
+    from ddtree_ops.cli._service import show_checks
+
     output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
-    marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
-    for c in pf.checks:
-        output.say(f"  {marks[c.status]} {c.name:<13} {escape(c.detail)}")
+    show_checks(pf)
     if out.diff and pf.ok:
         output.say("[bold]changes:[/]")
         output.err().print(out.diff, markup=False, highlight=False, style=None)

@@ -44,6 +44,10 @@ def register(app: typer.Typer) -> None:
         from ddtree_ops.cli._common import inventory as load_inventory
 
         inv = load_inventory(profiles, inventory)
+        if inv.is_service(host or ""):
+            from ddtree_ops.cli import _service
+
+            raise typer.Exit(_service.diagnose(inv, host or "", mode=mode, as_json=json_out, ssh_config=ssh_config))
         if not _fleet.is_single(inv, [host or ""]):
             raise typer.Exit(_fleet.diagnose_many(inv, [host or ""], mode=mode, as_json=json_out,
                                                   ssh_config=ssh_config))

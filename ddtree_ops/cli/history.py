@@ -22,11 +22,16 @@ def history_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET", help=
     """
     from ddtree_ops import output
     from ddtree_ops.cli import _fleet
-    from ddtree_ops.cli._common import connect
+    from ddtree_ops.cli._common import connect, service_target
     from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.releases import Layout, history
 
     inv = load_inventory(profiles, inventory)
+    service = service_target(inv, targets)
+    if service is not None:
+        from ddtree_ops.cli import _service
+
+        return _service.history(inv, service, audit=audit, as_json=as_json, ssh_config=ssh_config)
     if not _fleet.is_single(inv, targets):
         return _fleet.history_many(inv, targets, as_json=as_json, ssh_config=ssh_config)
     host = targets[0]

@@ -85,14 +85,16 @@ def env() -> int:
 @lab_app.command("fault")
 def fault(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an extra one (ct130, ct201, ...)"),
           name: str = typer.Argument(..., help="libcuda-missing, hang, crash-after-ready, slow-start, "
-                                               "accept-collapse, port-busy, stray-gpu-process, or clear"),
+                                               "accept-collapse, rank-oom, port-busy, stray-gpu-process, "
+                                               "stray-gpu-card1, rendezvous-unreachable, or clear"),
           every_start: bool = typer.Option(False, "--every-start",
                                            help="Apply to every start until cleared, not only the next one.")) -> int:
     """Inject a fault into HOST for the next start of its service (`clear` removes all).
 
     The next start uses the fault up, so a rollback's start is clean; --every-start keeps it
-    (a host that stays broken). port-busy and stray-gpu-process are real processes on the host
-    and last until `clear`.
+    (a host that stays broken). port-busy, stray-gpu-process and stray-gpu-card1 are real processes
+    on the host, rendezvous-unreachable a real route in its network namespace (its packets to the
+    other lab hosts are dropped); they last until `clear`.
 
     Example: ddtree-ops lab fault ct129 libcuda-missing && ssh -F ... ct129 systemctl restart sglang
     """

@@ -24,6 +24,13 @@ def preflight_cmd(host: str = typer.Argument(...),
     from ddtree_ops.render import render
     from ddtree_ops.wheel import build
 
+    from ddtree_ops.cli._common import inventory
+
+    inv = inventory(profiles)
+    if inv.is_service(host):
+        from ddtree_ops.cli import _service
+
+        return _service.preflight(inv, host, mode=mode, overrides=set_ or [], as_json=as_json, ssh_config=ssh_config)
     p = load(host, set_, profiles)
     rendered = render(p, mode)
     plugin = build().version if mode == "ddtree-shadow" else ""
@@ -32,9 +39,9 @@ def preflight_cmd(host: str = typer.Argument(...),
     if as_json:
         output.emit_json({"command": "preflight", "host": host, "mode": mode, **pf.to_json()})
     else:
-        marks = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
-        for c in pf.checks:
-            output.say(f"  {marks[c.status]} {c.name:<13} {c.detail}")
+        from ddtree_ops.cli._service import show_checks
+
+        show_checks(pf)
         output.say("[green]preflight passed[/]" if pf.ok else "[red]preflight refused[/]")
     return 0 if pf.ok else 3
 

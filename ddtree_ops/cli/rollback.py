@@ -30,7 +30,7 @@ def rollback_cmd(targets: Optional[list[str]] = typer.Argument(None, metavar="[T
     Example: ddtree-ops rollback a6000
     """
     from ddtree_ops.cli import _fleet
-    from ddtree_ops.cli._common import connect
+    from ddtree_ops.cli._common import connect, service_target
     from ddtree_ops.cli._common import inventory as load_inventory
     from ddtree_ops.cli.deploy import show
     from ddtree_ops.deploy import rollback
@@ -38,6 +38,11 @@ def rollback_cmd(targets: Optional[list[str]] = typer.Argument(None, metavar="[T
 
     inv = load_inventory(profiles, inventory)
     names = targets or []
+    service = service_target(inv, names)
+    if service is not None:
+        from ddtree_ops.cli import _service
+
+        return _service.rollback(inv, service, to=to, lock_wait=lock_wait, as_json=as_json, ssh_config=ssh_config)
     if not _fleet.is_single(inv, names):
         if to is not None:
             raise UsageError("--to needs one HOST (release ids belong to one host)")

@@ -53,7 +53,17 @@ def register(app: typer.Typer) -> None:
         inventory: Optional[str] = InventoryOpt,
     ) -> int:
         from ddtree_ops import host, output, smoke
+        from ddtree_ops.cli._common import inventory as load_inventory
 
+        inv = load_inventory(profiles, inventory)
+        services = [n for n in hosts or [] if inv.is_service(n)]
+        if services:
+            from ddtree_ops.cli import _service
+            from ddtree_ops.errors import UsageError
+
+            if len(services) != len(hosts or []) or all_hosts:
+                raise UsageError("check multi-node services apart from hosts: ddtree-ops smoke SERVICE...")
+            return _service.smoke(inv, services, as_json=json_out, ssh_config=ssh_config)
         targets = smoke.load_targets(hosts or [], all_hosts=all_hosts, overrides=overrides or [], profiles=profiles,
                                      inventory=inventory)
         outcome = smoke.run(

@@ -313,6 +313,19 @@ class LiveDiagnosis:
     checks: list[Check] = field(default_factory=list)
     extra: list[Finding] = field(default_factory=list)  # from kernel, GPU and static checks
     errors: list[str] = field(default_factory=list)
+    # each start's journal timestamps (us), line by line: when a finding's line was written, to
+    # order the failures of a multi-node service's nodes on one clock
+    line_us: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
+    current_invocation: str = ""
+
+    def when_us(self, invocation: str, line: int) -> int | None:
+        times = self.line_us.get(invocation) or []
+        return times[line - 1][0] if 0 < line <= len(times) else None
+
+    def raw_line(self, invocation: str, line: int) -> str:
+        """The journal message as written, with SGLang's rank prefix (`[... TP1]`) the cleaned text drops."""
+        times = self.line_us.get(invocation) or []
+        return times[line - 1][1] if 0 < line <= len(times) else ""
 
     def combined(self) -> Report:
         """One report: hardware first, then the journal's own cause, then host and static evidence."""
@@ -406,7 +419,9 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
                 for inv, es in starts if inv != current_inv][-PREVIOUS_STARTS:]
 
     diag = LiveDiagnosis(host=host.name, unit_name=unit, unit=u, mode=mode, current=current, previous=previous,
-                         errors=errors)
+                         errors=errors, current_invocation=current_inv,
+                         line_us={**{inv: [(e.realtime_us, e.message) for e in es] for inv, es in starts},
+                                  current_inv: [(e.realtime_us, e.message) for e in entries]})
 
     # kernel log since this start: OOM killer, Xid
     first_us = min((e.realtime_us for e in entries if e.realtime_us), default=0)

@@ -25,11 +25,17 @@ ENV_INVENTORY = "DDTREE_OPS_INVENTORY"
 EVERY_START = "@every-start"
 FILE_FAULTS = ("libcuda-missing", "hang", "crash-after-ready", "slow-start", "accept-collapse")
 # made real by a process on the host (so the stand-in meets them, it is not told about them)
-PROCESS_FAULTS = ("port-busy", "stray-gpu-process")
-FAULTS = FILE_FAULTS + PROCESS_FAULTS
-FAULT_UNITS = {"port-busy": "ddtree-lab-port-busy.service", "stray-gpu-process": "ddtree-lab-stray-gpu.service"}
+FILE_FAULTS += ("rank-oom",)  # the last rank of the next start runs out of memory loading its weights
+PROCESS_FAULTS = ("port-busy", "stray-gpu-process", "stray-gpu-card1")
+# made real in the host's network namespace: its packets to every other lab host are dropped (as a
+# firewall that drops them does), so a multi-node rank there never reaches rank 0's rendezvous
+NETWORK_FAULTS = ("rendezvous-unreachable",)
+FAULTS = FILE_FAULTS + PROCESS_FAULTS + NETWORK_FAULTS
+FAULT_UNITS = {"port-busy": "ddtree-lab-port-busy.service", "stray-gpu-process": "ddtree-lab-stray-gpu.service",
+               "stray-gpu-card1": "ddtree-lab-stray-gpu1.service"}
 # share of the card a stray process holds: ~30 GB on the 48 GB host, enough to break the next start
 STRAY_SHARE = 0.625
+STRAY_SHARE_CARD1 = 0.9
 
 Log = Callable[[str], None]
 
@@ -248,10 +254,15 @@ def fault(name: str, fault_name: str, paths: Paths | None = None, *, every_start
         for unit in FAULT_UNITS.values():
             machine.nsexec(init, ["systemctl", "stop", unit], timeout=30)
             machine.nsexec(init, ["systemctl", "reset-failed", unit], timeout=30)
+        for argv in machine.cut_argvs(h, on=False):
+            _sys.run(argv, timeout=15, what=f"{name}: clearing the network fault", check=False)
         faults_file(paths, name).write_text("")
         return []
     if fault_name in PROCESS_FAULTS:
         _start_fault_process(paths, name, init, fault_name)
+    if fault_name in NETWORK_FAULTS:
+        for argv in machine.cut_argvs(h, on=True):
+            _sys.run(argv, timeout=15, what=f"{name}: the {fault_name} fault")
     entry = fault_name + (EVERY_START if every_start and fault_name in FILE_FAULTS else "")
     current = [f for f in current if f.removesuffix(EVERY_START) != fault_name] + [entry]
     faults_file(paths, name).write_text("".join(f + "\n" for f in current))
@@ -265,14 +276,24 @@ def _start_fault_process(paths: Paths, name: str, init: int, fault_name: str) ->
         listen = profile.service.listen_host if profile.service.listen_host not in ("0.0.0.0", "::") else "0.0.0.0"
         argv = ["/usr/bin/python3", f"{payload.LAB_LIB}/sglang_standin/squat.py", listen, str(profile.service.port)]
     else:
-        mib = int(profile.gpu.memory_mib * STRAY_SHARE)
-        argv = [f"{payload.VENV}/bin/python", "-m", "sglang_standin.hold", str(mib)]
+        card = "1" if fault_name == "stray-gpu-card1" else "0"
+        # card 1's stray holds most of it: a TP service's every rank is then sized from that card
+        mib = int(profile.gpu.memory_mib * (STRAY_SHARE_CARD1 if card == "1" else STRAY_SHARE))
+        argv = [f"{payload.VENV}/bin/python", "-m", "sglang_standin.hold", str(mib), card]
     machine.nsexec(init, ["systemctl", "stop", unit], timeout=30)
     machine.nsexec(init, ["systemctl", "reset-failed", unit], timeout=30)
     res = machine.nsexec(init, ["systemd-run", f"--unit={unit}", "--description=ddtree-ops lab fault " + fault_name,
                                 *argv], timeout=30)
     if res.returncode != 0:
         raise LabError(f"{name}: could not start the {fault_name} process: {res.stderr.strip()}")
+    if fault_name != "port-busy":
+        # the fault is set once the memory is held: the next command must meet it, not race it
+        wait = ('pid=$(systemctl show -p MainPID --value "$1"); for i in $(seq 100); do '
+                'for f in /run/ddtree-lab/gpu/"$pid".json /run/ddtree-lab/gpu/"$pid".card*.json; do '
+                '[ "$pid" != 0 ] && [ -e "$f" ] && exit 0; done; '
+                'sleep 0.1; done; exit 1')
+        if machine.nsexec(init, ["sh", "-c", wait, "sh", unit], timeout=30).returncode != 0:
+            raise LabError(f"{name}: the {fault_name} process did not register its GPU memory within 10 s")
 
 
 def exec_in(name: str, argv: Sequence[str], paths: Paths | None = None, *, timeout: float = 60.0,

@@ -70,6 +70,16 @@ class LabState:
         os.replace(tmp, paths.state)
 
 
+# lab hosts with two (simulated) cards, for tensor-parallel services: the extra RTX PRO 6000 hosts
+# (ct201, ct202, ...) are also in group pro6000x2 (profiles/groups/pro6000x2.yaml: gpu.count 2);
+# ct200 stays the one-card host of the story
+TWO_CARD_GROUP = "pro6000x2"
+
+
+def two_card(host: str) -> bool:
+    return class_of(host) == "pro6000" and host != "ct200"
+
+
 def lab_hosts(count: int) -> list[str]:
     """ct129 and ct200, then more of each class in turn: ct130, ct201, ct131, ct202, ... (each extra
     host costs about 280 MiB; the address comes from the number, as for the first two)."""
@@ -92,7 +102,8 @@ def class_of(host: str) -> str:
 
 def inventory_text(hosts: Sequence[str], command: str) -> str:
     """The lab's Ansible inventory (YAML): group `lab` (every host, the classes in turn) with the
-    children `a6000` and `pro6000`, whose settings come from profiles/groups/<class>.yaml."""
+    children `a6000` and `pro6000`, whose settings come from profiles/groups/<class>.yaml, and
+    `pro6000x2`: the two-card hosts among the RTX PRO 6000 ones."""
     lines = [f"# ddtree-ops lab: written by `{command}` (an Ansible YAML inventory: ansible-inventory reads it too)",
              "# groups: lab (every host), a6000 (RTX A6000, sm_86), pro6000 (RTX PRO 6000 Blackwell, sm_120)",
              "all:", "  children:", "    lab:", "      hosts:"]
@@ -102,6 +113,9 @@ def inventory_text(hosts: Sequence[str], command: str) -> str:
         members = [h for h in hosts if class_of(h) == name]
         lines += [f"        {name}:", "          hosts:" if members else "          hosts: {}"]
         lines += [f"            {h}:" for h in members]
+    two = [h for h in hosts if two_card(h)]
+    lines += [f"        {TWO_CARD_GROUP}:", "          hosts:" if two else "          hosts: {}"]
+    lines += [f"            {h}:" for h in two]
     return "\n".join(lines) + "\n"
 
 
@@ -131,7 +145,31 @@ def netns_argvs(h: HostState) -> list[list[str]]:
             ["ip", "-n", h.netns, "addr", "add", f"{h.address}/32", "dev", "eth0"],
             ["ip", "-n", h.netns, "link", "set", "eth0", "up"],
             ["ip", "-n", h.netns, "route", "add", "default", "dev", "eth0"],
+            # lab hosts reach each other (a multi-node service's rendezvous): the root namespace
+            # answers ARP for the others' addresses on this veth and forwards between the veths
+            ["sysctl", "-q", "-w", f"net.ipv4.conf.{h.veth}.proxy_arp=1"],
+            ["sysctl", "-q", "-w", "net.ipv4.ip_forward=1"],
             ["ip", "route", "replace", f"{h.address}/32", "dev", h.veth]]
+
+
+CUT_LINK = "ddl-cut"
+
+
+def cut_argvs(h: HostState, *, on: bool) -> list[list[str]]:
+    """The `rendezvous-unreachable` fault: inside the host's namespace, the rest of the lab subnet is
+    routed to a veth whose peer drops everything (a static neighbour entry, so no ARP failure
+    answers early): connections to other lab hosts time out, as through a firewall that drops
+    them. The operator's SSH to the host is untouched (its replies go to the root namespace)."""
+    if not on:
+        return [["ip", "-n", h.netns, "link", "del", CUT_LINK]]
+    others = [f"{SUBNET}.{n}" for n in range(1, 255) if f"{SUBNET}.{n}" != h.address]
+    argvs = [["ip", "-n", h.netns, "link", "add", CUT_LINK, "type", "veth", "peer", "name", CUT_LINK + "-p"],
+             ["ip", "-n", h.netns, "link", "set", CUT_LINK, "up"],
+             ["ip", "-n", h.netns, "link", "set", CUT_LINK + "-p", "up"]]
+    argvs += [["ip", "-n", h.netns, "route", "replace", f"{SUBNET}.0/24", "dev", CUT_LINK]]
+    argvs += [["ip", "-n", h.netns, "neigh", "replace", a, "lladdr", "02:00:00:00:dd:01", "dev", CUT_LINK,
+               "nud", "permanent"] for a in others]
+    return argvs
 
 
 def overlay_argv(paths: Paths, h: HostState) -> list[str]:

@@ -25,7 +25,7 @@ DRIVER_VERSION = "570.172.08"
 CUDA_VERSION = "12.8"
 _COMPUTE_CAP = {"sm_80": "8.0", "sm_86": "8.6", "sm_89": "8.9", "sm_90": "9.0", "sm_100": "10.0", "sm_120": "12.0"}
 STANDIN_FILES = ("__init__.py", "simgpu.py", "nvidia_smi.py", "memory.py", "behaviour.py", "textgen.py",
-                 "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "hold.py", "squat.py")
+                 "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "hold.py", "squat.py", "ranks.py")
 README = """ddtree-ops LAB HOST (a container on the operator's machine, not a GPU host)
 
 Real: systemd (PID 1), journald, sshd, the sglang 0.5.23 package in /opt/sglang/venv (its argument
@@ -83,14 +83,19 @@ def install_shared(tree: Path) -> None:
 
 
 def gpu_facts(host: str, gpu: object) -> dict[str, object]:
-    """The simulated card, from the host profile's gpu section."""
+    """The simulated cards, from the host profile's gpu section (`count` of them, alike): card 0's
+    facts at the top level, every card under `cards`."""
     arch = str(getattr(gpu, "arch"))
     name = str(getattr(gpu, "model"))
-    return {"index": 0, "name": name, "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"{host}.ddtree-lab")),
-            "memory_mib": int(getattr(gpu, "memory_mib")), "compute_cap": _COMPUTE_CAP.get(arch, arch[3:-1] + "." + arch[-1]),
-            "arch": arch, "driver_version": DRIVER_VERSION, "cuda_version": CUDA_VERSION,
-            "pci_bus_id": "00000000:01:00.0", "power_limit_w": 600 if "Blackwell" in name else 300,
-            "standin": "ddtree-ops LAB: simulated GPU, no device behind it"}
+    cards = []
+    for i in range(int(getattr(gpu, "count", 1) or 1)):
+        tag = f"{host}.ddtree-lab" if i == 0 else f"{host}.card{i}.ddtree-lab"  # card 0 keeps its old uuid
+        cards.append({"index": i, "name": name, "uuid": "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, tag)),
+                      "memory_mib": int(getattr(gpu, "memory_mib")),
+                      "compute_cap": _COMPUTE_CAP.get(arch, arch[3:-1] + "." + arch[-1]),
+                      "arch": arch, "driver_version": DRIVER_VERSION, "cuda_version": CUDA_VERSION,
+                      "pci_bus_id": f"00000000:{i + 1:02X}:00.0", "power_limit_w": 600 if "Blackwell" in name else 300})
+    return {**cards[0], "cards": cards, "standin": "ddtree-ops LAB: simulated GPU, no device behind it"}
 
 
 def install_host(root: Path, host: str, profile: object, *, host_key: Path, client_pub: Path) -> None:
@@ -107,4 +112,9 @@ def install_host(root: Path, host: str, profile: object, *, host_key: Path, clie
     ssh_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     (ssh_dir / "authorized_keys").write_text(client_pub.read_text())
     (ssh_dir / "authorized_keys").chmod(0o600)
-    (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n127.0.1.1\t{host}\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+    # every lab host's name, as a site's DNS would give them (a multi-node service's
+    # --dist-init-addr names rank 0's host); this host's own name is its lab address
+    from ddtree_ops.lab.machine import MAX_HOSTS, address_of, lab_hosts
+
+    names = "".join(f"{address_of(h)}\t{h}\n" for h in lab_hosts(MAX_HOSTS))
+    (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n{names}::1\tlocalhost ip6-localhost ip6-loopback\n")

@@ -269,9 +269,10 @@ def test_the_lab_grows_hosts_of_both_classes_each_in_its_own_namespace(fleet: An
         name = subprocess.run(["ssh", "-F", str(fleet.ssh_config), "-o", "BatchMode=yes", h, "hostname"],
                               capture_output=True, text=True, timeout=30)
         assert name.stdout.strip() == h, name.stderr
-    for h, card in (("ct130", "NVIDIA RTX A6000"), ("ct201", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition")):
+    # ct201 is one of the lab's two-card hosts (group pro6000x2, for tensor-parallel services)
+    for h, cards in (("ct130", ["NVIDIA RTX A6000"]), ("ct201", ["NVIDIA RTX PRO 6000 Blackwell Workstation Edition"] * 2)):
         with fleet.connect(h) as c:
-            assert c.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).stdout.strip() == card
+            assert c.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).stdout.splitlines() == cards
     fleet.fault("ct202", "hang")
     rc, status, _ = tool(fleet, "lab", "status", "--json")
     assert {r["name"]: r["faults"] for r in status["hosts"]} == {h: (["hang"] if h == "ct202" else []) for h in rows}

@@ -25,6 +25,8 @@ def test_network_and_boot_argv() -> None:
     assert argvs[0] == ["ip", "netns", "add", "ct200"]
     assert ["ip", "-n", "ct200", "addr", "add", "10.200.0.200/32", "dev", "eth0"] in argvs
     assert argvs[-1] == ["ip", "route", "replace", "10.200.0.200/32", "dev", "vh-ct200"]
+    # the lab hosts reach one another through the root namespace (multi-node rendezvous)
+    assert ["sysctl", "-q", "-w", "net.ipv4.conf.vh-ct200.proxy_arp=1"] in argvs
     boot = machine.nspawn_argv(h)
     assert boot[:3] == ["systemd-nspawn", "-D", "/x/run/ct200/root"]
     assert {"--boot", "--register=no", "--keep-unit", "--network-namespace-path=/run/netns/ct200",

@@ -1,7 +1,7 @@
 """ddtree-ops LAB: a stray process holding simulated GPU memory (the `stray-gpu-process` fault).
 
 Stands for a worker left over from an earlier run: it registers the memory and then just lives.
-`python -m sglang_standin.hold MIB`.
+`python -m sglang_standin.hold MIB [CARD]` (CARD: the physical index, 0 by default).
 """
 
 import signal
@@ -11,7 +11,7 @@ import time
 from sglang_standin import simgpu
 
 if __name__ == "__main__":
-    simgpu.register(int(sys.argv[1]))
+    simgpu.register(int(sys.argv[1]), card=int(sys.argv[2]) if len(sys.argv) > 2 else 0)
     signal.signal(signal.SIGTERM, lambda *_: (simgpu.unregister(), sys.exit(0)))
     while True:
         time.sleep(3600)

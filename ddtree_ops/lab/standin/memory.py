@@ -195,8 +195,9 @@ def size_pool(*, total_mib: int, others_mib: int, target_cfg: dict[str, Any], ta
     others = others_mib * MIB
     pre = max(total - others - context_mib * MIB, 0)
     t = Shape.from_config(target_cfg)
-    tw = target_weight_bytes(target_cfg, target_index)
-    dw = draft_weight_bytes(draft_cfg, t, kind) if draft_cfg and kind != "none" else 0
+    # one rank's share: SGLang shards the target's and the draft's layers over the TP ranks
+    tw = math.ceil(target_weight_bytes(target_cfg, target_index) / tp)
+    dw = math.ceil(draft_weight_bytes(draft_cfg, t, kind) / tp) if draft_cfg and kind != "none" else 0
     kvb = kv_bytes(kv_cache_dtype, t.dtype_bytes)
     tcell = target_cell(t, kvb, tp)
     extra = 0

@@ -19,11 +19,12 @@ Field = tuple[str, str, Callable[["Ctx"], str]]  # (header, unit, value)
 
 
 class Ctx:
-    def __init__(self, card: simgpu.Card, holders: list[simgpu.Holder]) -> None:
+    def __init__(self, card: simgpu.Card, holders: list[simgpu.Holder], count: int = 1) -> None:
         self.card = card
-        self.holders = holders
-        self.used = sum(h.used_mib for h in holders)
-        self.busy = bool(holders)
+        self.holders = [h for h in holders if h.card == card.index]
+        self.count = count
+        self.used = sum(h.used_mib for h in self.holders)
+        self.busy = bool(self.holders)
 
     @property
     def free(self) -> int:
@@ -37,7 +38,7 @@ def _serial(c: simgpu.Card) -> str:
 GPU_FIELDS: dict[str, Field] = {
     "timestamp": ("timestamp", "", lambda x: time.strftime("%Y/%m/%d %H:%M:%S.") + f"{int(time.time() * 1000) % 1000:03d}"),
     "driver_version": ("driver_version", "", lambda x: x.card.driver_version),
-    "count": ("count", "", lambda x: "1"),
+    "count": ("count", "", lambda x: str(x.count)),
     "name": ("name", "", lambda x: x.card.name),
     "gpu_name": ("name", "", lambda x: x.card.name),
     "serial": ("serial", "", lambda x: _serial(x.card)),
@@ -94,25 +95,25 @@ def csv(headers: list[tuple[str, str]], rows: list[list[tuple[str, str]]], fmt: 
     return "".join(line + "\n" for line in lines)
 
 
-def query_gpu(fields: list[str], fmt: set[str], ctx: Ctx) -> tuple[str, int]:
+def query_gpu(fields: list[str], fmt: set[str], ctxs: list[Ctx]) -> tuple[str, int]:
     for f in fields:
         if f not in GPU_FIELDS:
             return f'Field "{f}" is not a valid field to query.\n\n', 2
     specs = [GPU_FIELDS[f] for f in fields]
-    return csv([(h, u) for h, u, _ in specs], [[(fn(ctx), u) for _, u, fn in specs]], fmt), 0
+    return csv([(h, u) for h, u, _ in specs], [[(fn(ctx), u) for _, u, fn in specs] for ctx in ctxs], fmt), 0
 
 
-def query_apps(fields: list[str], fmt: set[str], ctx: Ctx) -> tuple[str, int]:
+def query_apps(fields: list[str], fmt: set[str], ctxs: list[Ctx]) -> tuple[str, int]:
     for f in fields:
         if f not in APP_FIELDS:
             return f'Field "{f}" is not a valid field to query.\n\n', 2
     specs = [APP_FIELDS[f] for f in fields]
-    rows = [[(fn(ctx, h), u) for _, u, fn in specs] for h in ctx.holders]
+    rows = [[(fn(ctx, h), u) for _, u, fn in specs] for ctx in ctxs for h in ctx.holders]
     return csv([(h, u) for h, u, _ in specs], rows, fmt), 0
 
 
-def listing(ctx: Ctx) -> str:
-    return f"GPU {ctx.card.index}: {ctx.card.name} (UUID: {ctx.card.uuid})\n"
+def listing(ctxs: list[Ctx]) -> str:
+    return "".join(f"GPU {ctx.card.index}: {ctx.card.name} (UUID: {ctx.card.uuid})\n" for ctx in ctxs)
 
 
 _WIDTHS = (41, 24, 22)  # the three columns between the bars of nvidia-smi's GPU table
@@ -123,9 +124,9 @@ def _row(a: str, b: str, c: str) -> str:
         c.rjust(_WIDTHS[2])[:_WIDTHS[2]] + "|"
 
 
-def table(ctx: Ctx) -> str:
+def table(ctxs: list[Ctx]) -> str:
+    ctx = ctxs[0]
     c = ctx.card
-    name = c.name if len(c.name) <= 29 else c.name[:26] + "..."
     bar = "+-----------------------------------------+------------------------+----------------------+"
     out = [time.strftime("%a %b %d %H:%M:%S %Y") + "       ",
            "+-----------------------------------------------------------------------------------------+",
@@ -134,23 +135,28 @@ def table(ctx: Ctx) -> str:
            "| GPU  Name                 Persistence-M | Bus-Id          Disp.A | Volatile Uncorr. ECC |",
            "| Fan  Temp   Perf          Pwr:Usage/Cap |           Memory-Usage | GPU-Util  Compute M. |",
            "|                                         |                        |               MIG M. |",
-           "|=========================================+========================+======================|",
-           _row(f"{c.index:>4}  {name:<29}  On  ", f"{c.pci_bus_id:>19} Off ", "Off "),
-           _row(f" 30%   {GPU_FIELDS['temperature.gpu'][2](ctx)}C    {GPU_FIELDS['pstate'][2](ctx)}"
-                f"{int(float(GPU_FIELDS['power.draw'][2](ctx))):>15}W / {c.power_limit_w:>4}W ",
-                f"{ctx.used:>8}MiB / {c.memory_mib:>6}MiB ", "   0%      Default "),
-           "|                                         |                        |                  N/A |",
-           bar, " " * 89,
+           "|=========================================+========================+======================|"]
+    for x in ctxs:
+        c = x.card
+        name = c.name if len(c.name) <= 29 else c.name[:26] + "..."
+        out += [_row(f"{c.index:>4}  {name:<29}  On  ", f"{c.pci_bus_id:>19} Off ", "Off "),
+                _row(f" 30%   {GPU_FIELDS['temperature.gpu'][2](x)}C    {GPU_FIELDS['pstate'][2](x)}"
+                     f"{int(float(GPU_FIELDS['power.draw'][2](x))):>15}W / {c.power_limit_w:>4}W ",
+                     f"{x.used:>8}MiB / {c.memory_mib:>6}MiB ", "   0%      Default "),
+                "|                                         |                        |                  N/A |",
+                bar]
+    out += [" " * 89,
            "+-----------------------------------------------------------------------------------------+",
            "| Processes:                                                                              |",
            "|  GPU   GI   CI              PID   Type   Process name                        GPU Memory |",
            "|        ID   ID                                                               Usage      |",
            "|=========================================================================================|"]
-    if not ctx.holders:
+    if not any(x.holders for x in ctxs):
         out.append("|  No running processes found                                                             |")
-    for h in ctx.holders:
-        pname = h.process_name if len(h.process_name) <= 34 else "..." + h.process_name[-31:]
-        out.append(f"| {c.index:>4}   N/A  N/A  {h.pid:>15}      C   {pname:<34}{h.used_mib:>8}MiB |")
+    for x in ctxs:
+        for h in x.holders:
+            pname = h.process_name if len(h.process_name) <= 34 else "..." + h.process_name[-31:]
+            out.append(f"| {x.card.index:>4}   N/A  N/A  {h.pid:>15}      C   {pname:<34}{h.used_mib:>8}MiB |")
     out.append("+-----------------------------------------------------------------------------------------+")
     out.append("(ddtree-ops LAB STAND-IN: simulated GPU from /etc/ddtree-lab/gpu.json; no NVIDIA driver here)")
     return "\n".join(out) + "\n"
@@ -160,11 +166,15 @@ NO_DEVICE = ("NVIDIA-SMI has failed because it couldn't communicate with the NVI
              "Make sure that the latest NVIDIA driver is installed and running.\n\n")
 
 
-def run(argv: list[str], card: simgpu.Card | None, holders: list[simgpu.Holder]) -> tuple[str, str, int]:
-    """(stdout, stderr, exit code) for one invocation: pure, for tests."""
-    if card is None:
+def run(argv: list[str], card: simgpu.Card | list[simgpu.Card] | None,
+        holders: list[simgpu.Holder]) -> tuple[str, str, int]:
+    """(stdout, stderr, exit code) for one invocation: pure, for tests. `card`: the host's card, or
+    every card of a host with several (one row each, as nvidia-smi prints them)."""
+    cards = [] if card is None else card if isinstance(card, list) else [card]
+    if not cards:
         return NO_DEVICE, "", 9
-    ctx = Ctx(card, holders)
+    card = cards[0]
+    ctx = [Ctx(c, holders, len(cards)) for c in cards]
     opts: dict[str, str] = {}
     flags: set[str] = set()
     for arg in argv:
@@ -192,7 +202,7 @@ def run(argv: list[str], card: simgpu.Card | None, holders: list[simgpu.Holder])
 
 
 def main(argv: list[str] | None = None) -> int:
-    out, err, rc = run(sys.argv[1:] if argv is None else argv, simgpu.load_card(), simgpu.holders())
+    out, err, rc = run(sys.argv[1:] if argv is None else argv, simgpu.load_cards(), simgpu.holders())
     sys.stdout.write(out)
     sys.stderr.write(err)
     return rc

@@ -34,6 +34,7 @@ import asyncio
 import atexit
 import contextlib
 import ctypes
+import dataclasses
 import importlib.util
 import io
 import json
@@ -42,12 +43,13 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from . import STANDIN_LABEL, SGLANG_VERSION, behaviour, lines, memory, sglog, simgpu
+from . import STANDIN_LABEL, SGLANG_VERSION, behaviour, lines, memory, ranks, sglog, simgpu
 from .http import State, serve
 
 FAULTS_FILE = Path(os.environ.get("DDTREE_LAB_FAULTS", "/var/lib/ddtree-lab/faults"))
@@ -236,11 +238,19 @@ def run_server(sa: Any, plugin_output: str = "") -> None:
     sglog.info(f"{STANDIN_LABEL}: this host has no GPU; sglang {SGLANG_VERSION}'s own parser and plugin loader "
                f"ran, the model is not loaded; the log is SGLang {lines.SGLANG_RELEASE}'s (see /etc/ddtree-lab/README)")
     algo = handle_speculative_decoding(sa)
-    card = simgpu.load_card()
-    if card is None:
+    topo = ranks.topology(sa)
+    if not simgpu.load_cards():
         raise RuntimeError("Found no NVIDIA driver on your system. Please check that you have an NVIDIA GPU and "
                            "installed a driver from http://www.nvidia.com/Download/index.aspx")
-    others = simgpu.used_mib(exclude_pid=os.getpid())
+    cards = simgpu.visible_cards(simgpu.load_cards())
+    if len(cards) < topo.per_node:
+        raise RuntimeError(f"CUDA error: invalid device ordinal (this node runs {topo.per_node} ranks; "
+                           f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '')!r} shows {len(cards)} "
+                           "card(s))")
+    local = cards[:topo.per_node]
+    # every rank's pool is sized from the least free card (SGLang's all-reduce MIN)
+    card, others = max(((c, simgpu.used_mib(exclude_pid=os.getpid(), card=c.index)) for c in local),
+                       key=lambda co: co[1] - co[0].memory_mib)
     x = inputs_from(sa, algo, card, others)
     p = behaviour.plan(x)
     for w in p.warnings:
@@ -253,7 +263,7 @@ def run_server(sa: Any, plugin_output: str = "") -> None:
     _set_ulimit()
     sglog.info(f"server_args={sa!r}")
     sglog.info(lines.CHAT_TEMPLATE)
-    Scheduler(sa, algo, x, p, card, plugin_output).start()
+    Scheduler(sa, algo, x, p, card, plugin_output, topo=topo, local=local).start()
 
 
 # --------------------------------------------------------------------------- the scheduler process
@@ -329,8 +339,14 @@ class Scheduler:
     """SGLang's launcher, scheduler start-up and serving loop, compressed to seconds."""
 
     def __init__(self, sa: Any, algo: Any, x: behaviour.Inputs, p: behaviour.Plan, card: simgpu.Card,
-                 plugin_output: str) -> None:
+                 plugin_output: str, *, topo: ranks.Topology | None = None,
+                 local: list[simgpu.Card] | None = None) -> None:
         self.sa, self.algo, self.x, self.p, self.card = sa, algo, x, p, card
+        self.topo = topo or ranks.Topology()
+        self.local = local or [card]
+        self.rank_children: list[SchedulerChild] = []  # the other local ranks' processes (TP1, ...)
+        self.rdzv: Optional[ranks.Rendezvous] = None
+        self._rank0_gone = threading.Event()
         self.plugin_output = plugin_output
         self.pool = p.pool
         self.t = memory.Shape.from_config(x.target_cfg)
@@ -344,9 +360,22 @@ class Scheduler:
         self._drain_task: Optional[asyncio.Task[None]] = None
         self._watchdog: Optional[asyncio.Task[None]] = None
 
-    # ---- GPU memory as nvidia-smi sees it
+    # ---- log lines: a scheduler's carry its rank (one line per local rank)
+    def log(self, msg: str, level: int = logging.INFO, ranks_: Optional[list[int]] = None) -> None:
+        for r in self.topo.local_ranks if ranks_ is None else ranks_:
+            sglog.ranked(level, msg, self.topo.prefix(r))
+
+    def warn(self, msg: str) -> None:
+        self.log(msg, logging.WARNING)
+
+    # ---- GPU memory as nvidia-smi sees it: each rank's process on its own card
     def hold(self, used_bytes: int) -> None:
-        simgpu.register(int(used_bytes // memory.MIB))
+        if self.topo.world == 1:
+            simgpu.register(int(used_bytes // memory.MIB))
+            return
+        for proc, card in zip([self.child, *self.rank_children], self.local):
+            if proc is not None:
+                simgpu.register(int(used_bytes // memory.MIB), pid=proc.pid, card=card.index)
 
     def avail(self, used_bytes: int) -> float:
         return (self.pool.total - self.pool.others - used_bytes) / GB
@@ -359,7 +388,10 @@ class Scheduler:
         # had --enable-metrics) and without a draft (1_base_*) it died of it
         outlives = self.p.worker == "dflash" and self.x.cuda_graph and bool(self.p.prefill_graph_tokens)
         self.child = SchedulerChild(self.plugin_output, outlives_sigterm=outlives)
+        self.rank_children = [SchedulerChild("", outlives_sigterm=outlives) for _ in self.local[1:]]
         signal.signal(signal.SIGQUIT, lambda *_: self._launch_sigquit())
+        if self.topo.node_rank > 0:
+            signal.signal(signal.SIGTERM, self._other_node_sigterm)
         atexit.register(simgpu.unregister)
         asyncio.run(self.run(t0))
 
@@ -368,6 +400,8 @@ class Scheduler:
         sglog.info(lines.KILL_TREE.format(pid=pid, include=True))
         if self.child is not None:
             self.child.kill()
+        for c in self.rank_children:
+            c.kill()
         for h in logging.getLogger().handlers:
             h.flush()
         sys.stderr.flush()
@@ -390,6 +424,8 @@ class Scheduler:
 
     def _sigterm(self) -> None:
         sglog.warning(lines.SIGTERM_RECEIVED)
+        if self.rdzv is not None:
+            self.rdzv.broadcast_shutdown()  # rank 0's ShutdownReq: every node's schedulers leave
         self.gracefully_exit = True
         if self.state is not None:
             self.state.shutting_down = True
@@ -398,9 +434,12 @@ class Scheduler:
         """SGLang's SubprocessWatchdog: a scheduler that dies is a crash, whatever killed it."""
         while self.watching:
             await asyncio.sleep(1 * STOP_SCALE)
-            code = self.child.poll() if self.child is not None else None
+            for i, child in enumerate([self.child, *self.rank_children]):
+                code = child.poll() if child is not None else None
+                if self.watching and code not in (None, 0):
+                    break
             if self.watching and code not in (None, 0):
-                sglog.error(lines.SUBPROCESS_CRASHED.format(name="scheduler_0", pid=self.child.pid, code=code))
+                sglog.error(lines.SUBPROCESS_CRASHED.format(name=f"scheduler_{i}", pid=child.pid, code=code))
                 self.watching = False
                 os.kill(os.getpid(), signal.SIGQUIT)
                 return
@@ -431,10 +470,11 @@ class Scheduler:
         loop.add_signal_handler(signal.SIGQUIT, self._running_sigquit)
         self._drain_task = loop.create_task(self._sigterm_watchdog())
 
-    async def crash(self, tb: str, *, running: bool = False) -> None:
+    async def crash(self, tb: str, *, running: bool = False, rank: Optional[int] = None) -> None:
         """The scheduler's exception: its traceback, then SIGQUIT to the launcher, whose handler of
         the moment takes it from there (launch phase: kill at once; running: diagnostics first)."""
-        sglog.error(f"Scheduler hit an exception: {tb}")
+        self.log(f"Scheduler hit an exception: {tb}", logging.ERROR,
+                 [self.topo.local_ranks[0] if rank is None else rank])
         for h in logging.getLogger().handlers:
             h.flush()
         if running and self.child is not None:
@@ -452,10 +492,13 @@ class Scheduler:
         ctx = simgpu.CUDA_CONTEXT_MIB * memory.MIB
         p, pool = self.p, self.pool
         tic = time.monotonic()
-        sglog.info("Init torch distributed begin.")
+        self.log("Init torch distributed begin.")
         self.hold(ctx)
         await asyncio.sleep(0.15)
-        sglog.info(f"Init torch distributed ends. elapsed={time.monotonic() - tic:.2f} s, mem usage={ctx / GB:.2f} GB")
+        if self.topo.nnodes > 1:
+            await self._rendezvous()
+            p, pool = self.p, self.pool
+        self.log(f"Init torch distributed ends. elapsed={time.monotonic() - tic:.2f} s, mem usage={ctx / GB:.2f} GB")
         if p.failure == "libcuda":
             await asyncio.sleep(1.5)
             await self.crash(_libcuda_traceback())
@@ -463,23 +506,25 @@ class Scheduler:
         # ---- weights: target, then the draft worker's
         used = ctx
         tic = time.monotonic()
-        sglog.info(f"Load weight begin. avail mem={self.avail(used):.2f} GB")
+        self.log(f"Load weight begin. avail mem={self.avail(used):.2f} GB")
         await asyncio.sleep(0.5 + (16.0 if p.slow_start else 0.0))
+        if "rank-oom" in self.x.faults:
+            await self._rank_oom(used)
         used += pool.target_weights
         self.hold(used)
         load_weight = time.monotonic() - tic
-        sglog.info(f"Load weight end. elapsed={load_weight:.2f} s, type={self.t.architecture}, "
+        self.log(f"Load weight end. elapsed={load_weight:.2f} s, type={self.t.architecture}, "
                    f"avail mem={self.avail(used):.2f} GB, mem usage={pool.target_weights / GB:.2f} GB.")
         if p.worker != "none" and self.x.draft_cfg:
-            sglog.info("Init torch distributed begin.")  # the draft worker's own TpModelWorker
-            sglog.info("Init torch distributed ends. elapsed=0.00 s, mem usage=0.00 GB")
+            self.log("Init torch distributed begin.")  # the draft worker's own TpModelWorker
+            self.log("Init torch distributed ends. elapsed=0.00 s, mem usage=0.00 GB")
             tic = time.monotonic()
-            sglog.info(f"Load weight begin. avail mem={self.avail(used):.2f} GB")
+            self.log(f"Load weight begin. avail mem={self.avail(used):.2f} GB")
             await asyncio.sleep(0.2)
             used += pool.draft_weights
             self.hold(used)
             arch = str(((self.x.draft_cfg or {}).get("architectures") or ["?"])[0])
-            sglog.info(f"Load weight end. elapsed={time.monotonic() - tic:.2f} s, type={arch}, "
+            self.log(f"Load weight end. elapsed={time.monotonic() - tic:.2f} s, type={arch}, "
                        f"avail mem={self.avail(used):.2f} GB, mem usage={pool.draft_weights / GB:.2f} GB.")
         if p.worker == "dflash":
             self._dflash_setup()
@@ -496,35 +541,37 @@ class Scheduler:
                                      f"ValueError: {p.failure_message}\n"))
         dtype = memory.TORCH_DTYPE.get(memory.kv_bytes(self.x.kv_cache_dtype, self.t.dtype_bytes), "torch.bfloat16")
         half = pool.kv_target / 2 / GB
-        sglog.info(f"KV Cache is allocated. dtype: {dtype}, #tokens: {pool.tokens}, K size: {half:.2f} GB, "
+        self.log(f"KV Cache is allocated. dtype: {dtype}, #tokens: {pool.tokens}, K size: {half:.2f} GB, "
                    f"V size: {half:.2f} GB")
         used += pool.kv_target
         self.hold(used)
-        sglog.info(f"Memory pool end. avail mem={self.avail(used):.2f} GB")
+        self.log(f"Memory pool end. avail mem={self.avail(used):.2f} GB")
         draft_pool = pool.kv_draft or pool.tokens * p.side_draft_cell
         if draft_pool:
             dhalf = draft_pool / 2 / GB
-            sglog.info(f"KV Cache is allocated. dtype: {dtype}, #tokens: {pool.tokens}, K size: {dhalf:.2f} GB, "
+            self.log(f"KV Cache is allocated. dtype: {dtype}, #tokens: {pool.tokens}, K size: {dhalf:.2f} GB, "
                        f"V size: {dhalf:.2f} GB")
             used += draft_pool
             self.hold(used)
-            sglog.info(f"Memory pool end. avail mem={self.avail(used):.2f} GB")
+            self.log(f"Memory pool end. avail mem={self.avail(used):.2f} GB")
         kv_time = time.monotonic() - tic
         if p.worker == "dflash":
             backend = self.sa.speculative_draft_attention_backend or self.sa.attention_backend or "flashinfer"
-            sglog.warning(f"Overriding draft attention backend to {backend}.")
+            self.warn(f"Overriding draft attention backend to {backend}.")
 
         # ---- CUDA graphs, captured after the pools out of the (1 - mfs) headroom
         used = await self._graphs(used)
-        sglog.info(f"max_total_num_tokens={pool.tokens}, chunked_prefill_size={p.chunked_prefill_size}, "
+        self.log(f"max_total_num_tokens={pool.tokens}, chunked_prefill_size={p.chunked_prefill_size}, "
                    f"max_prefill_tokens={p.max_prefill_tokens}, max_running_requests={p.max_running_requests}, "
                    f"context_len={p.context_len}, available_gpu_mem={self.avail(used):.2f} GB")
-        sglog.info(lines.TREE_CACHE)
+        self.log(lines.TREE_CACHE)
         graphs = ", ".join(f"{k}={v:.2f}" for k, v in self.timings.items())
         e2e = time.monotonic() - t0
-        sglog.info(f"Engine startup timings (s): load_weight={load_weight:.2f}, kv_cache_allocation={kv_time:.2f}, "
+        self.log(f"Engine startup timings (s): load_weight={load_weight:.2f}, kv_cache_allocation={kv_time:.2f}, "
                    f"scheduler_e2e={e2e:.2f}, cuda_graph={{{graphs}}}, tokenizer_e2e={e2e + 0.05:.2f}")
 
+        if self.topo.node_rank > 0:
+            await self._serve_other_node()
         # ---- the HTTP server (uvicorn)
         self.state = self._state(used)
         sglog.uvicorn(logging.INFO, f"Started server process [{os.getpid()}]")
@@ -565,18 +612,117 @@ class Scheduler:
             await self.crash(self.tb([lines.TB_EVENT_LOOP], _illegal_memory()), running=True)
         await asyncio.Event().wait()
 
+    # ---- several nodes: the rendezvous, a dead peer, the nodes other than rank 0
+    async def _rendezvous(self) -> None:
+        """torch's init_process_group over --dist-init-addr (ranks.py); the pool is then sized
+        from the least free card of every node."""
+        first = self.topo.local_ranks[0]
+        self.rdzv = ranks.Rendezvous(self.topo, lambda m: sglog.ranked(logging.WARNING, m, self.topo.prefix(first)))
+        free = self.x.total_mib - self.x.others_mib
+        try:
+            least = await asyncio.to_thread(self.rdzv.join, free)
+        except ranks.RendezvousError as exc:
+            await self.crash(self.tb([lines.TB_SCHEDULER_INIT], f"{exc}\n"))
+            return
+        if least < free:
+            self.x = dataclasses.replace(self.x, others_mib=self.x.total_mib - least)
+            self.p = behaviour.plan(self.x)
+            self.pool = self.p.pool
+        self.rdzv.watch(self._peer_lost)
+
+    def _peer_lost(self, node: int, clean: bool) -> None:
+        """A thread of the rendezvous: a peer's connection closed. After rank 0's shutdown this
+        node's schedulers leave cleanly; otherwise their next collective waits for the dead peer
+        until the timeout, NCCL's watchdog prints its lines and aborts the scheduler process."""
+        self._rank0_gone.set()
+        if clean:
+            self.watching = False
+            for c in [self.child, *self.rank_children]:
+                if c is not None:
+                    c.kill()
+            simgpu.unregister()
+            sys.stderr.flush()
+            os._exit(0)
+        time.sleep(self.topo.dist_timeout_s)
+        for r in self.topo.local_ranks:
+            for line in ranks.watchdog_lines(self.topo, r):
+                sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+        if self.child is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child.pid, signal.SIGABRT)  # the launcher's watchdog sees scheduler_0 die
+
+    async def _rank_oom(self, used: int) -> None:
+        """The `rank-oom` lab fault: the last rank of this node runs out of memory loading its share."""
+        rank = self.topo.local_ranks[-1]
+        card = self.local[-1]
+        free_mib = max(int(self.avail(used) * 1024) - 200, 64)
+        want = self.pool.target_weights / GB
+        msg = (f"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate {min(want, 1.45):.2f} GiB. GPU "
+               f"{self.local.index(card)} has a total capacity of {card.memory_mib / 1024:.2f} GiB of which "
+               f"{free_mib:.2f} MiB is free. Including non-PyTorch memory, this process has "
+               f"{(card.memory_mib - free_mib) / 1024:.2f} GiB memory in use. Of the allocated memory "
+               f"{want:.2f} GiB is allocated by PyTorch, and 21.04 MiB is reserved by PyTorch but unallocated.\n")
+        await self.crash(self.tb([lines.TB_SCHEDULER_INIT], msg), rank=rank)
+
+    async def _serve_other_node(self) -> None:
+        """A node other than rank 0 serves no API: its schedulers run and SGLang's dummy health
+        check server answers /health and /health_generate on the same port (engine.py,
+        launch_dummy_health_check_server)."""
+        host, port = self.sa.host, int(self.sa.port)
+
+        async def answer(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            try:
+                head = (await r.readuntil(b"\r\n\r\n")).decode("latin-1")
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+                w.close()
+                return
+            path = head.split(" ", 2)[1] if head.count(" ") >= 2 else "/"
+            ok = path.split("?")[0] in ("/health", "/health_generate")
+            body = b"" if ok else b'{"detail":"Not Found"}'
+            w.write((f"HTTP/1.1 {'200 OK' if ok else '404 Not Found'}\r\ncontent-length: {len(body)}\r\n"
+                     "connection: close\r\n\r\n").encode() + body)
+            with contextlib.suppress(ConnectionError):
+                await w.drain()
+            w.close()
+
+        sglog.uvicorn(logging.INFO, f"Started server process [{os.getpid()}]")
+        try:
+            await asyncio.start_server(answer, host, port)
+        except OSError as exc:
+            sglog.uvicorn(logging.ERROR, str(exc))
+            self.kill_process_tree()
+        sglog.uvicorn(logging.INFO, f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+        if self.p.crash_after_ready:
+            await asyncio.sleep(8.0)
+            await self.crash(self.tb([lines.TB_EVENT_LOOP], _illegal_memory()), running=True)
+        await asyncio.Event().wait()
+
+    def _other_node_sigterm(self, *_: Any) -> None:
+        """0.5.23's node_rank >= 1 SIGTERM handler: wait for rank 0's ShutdownReq (here: rank 0's
+        connection closing), the orchestrator's kill timeout being the backstop."""
+        sglog.warning(f"SIGTERM received on node_rank {self.topo.node_rank}; waiting for the rank-0 ShutdownReq "
+                      "broadcast to stop the schedulers.")
+
+        def leave() -> None:
+            self._rank0_gone.wait(30)
+            self.watching = False
+            self.kill_process_tree()
+
+        threading.Thread(target=leave, daemon=True).start()
+
     def _dflash_setup(self) -> None:
         """DFlashWorkerV2's constructor lines (2_dflash)."""
         d = self.d or self.t
         dc = (self.x.draft_cfg or {}).get("dflash_config") or {}
         backend = self.sa.speculative_draft_attention_backend or self.sa.attention_backend or "flashinfer"
-        sglog.info(f"Initialized DFLASH draft runner. attention_backend={backend}, model={d.architecture}, "
+        self.log(f"Initialized DFLASH draft runner. attention_backend={backend}, model={d.architecture}, "
                    f"block_size={self.p.draft_window}, draft_window_size=None, compact_cache=False")
         override = dc.get("mask_token_id")
-        sglog.info(f"DFLASH draft runner ready. mask_token={dc.get('mask_token') or '<|MASK|>'}, "
+        self.log(f"DFLASH draft runner ready. mask_token={dc.get('mask_token') or '<|MASK|>'}, "
                    f"mask_token_id={override}, mask_token_id_override={override}")
         kv_heads = max(1, -(-d.kv_heads // self.x.tp))
-        sglog.info(f"DFLASH fused KV materialization enabled. n_layers={d.layers}, num_kv_heads={kv_heads}, "
+        self.log(f"DFLASH fused KV materialization enabled. n_layers={d.layers}, num_kv_heads={kv_heads}, "
                    f"head_dim={d.head_dim}")
 
     async def _graphs(self, used: int) -> int:
@@ -587,7 +733,7 @@ class Scheduler:
             # graphs (2_neg_nonfamily_nograph), else where its runner sets up its graphs, after the
             # target's capture (4_layers_last, 5_ddtree_s025)
             for _ in range(2 if p.worker == "dflash" and not x.cuda_graph else 1):
-                sglog.warning(lines.PREFILL_GRAPH_DISABLED)
+                self.warn(lines.PREFILL_GRAPH_DISABLED)
         if p.worker == "dflash" and not x.cuda_graph:
             self._start_shadow(graphs=False)
         if not x.cuda_graph:
@@ -603,7 +749,7 @@ class Scheduler:
                                        list(reversed(p.prefill_graph_tokens)))
         name, phase = ("target verify", "target_verify") if spec else ("target decode", "decode")
         if p.failure == "graph-oom":
-            sglog.info(f"Capture {name} CUDA graph begin. backend=full, num_tokens_per_req={p.tokens_per_req}, "
+            self.log(f"Capture {name} CUDA graph begin. backend=full, num_tokens_per_req={p.tokens_per_req}, "
                        f"bs={p.graph_bs}, avail mem={self.avail(used):.2f} GB")
             await asyncio.sleep(0.4)
             await self.crash(self.tb([lines.TB_SCHEDULER_INIT, lines.TB_GRAPH_OOM], self._graph_oom()))
@@ -613,10 +759,10 @@ class Scheduler:
         if p.worker == "dflash":
             self._start_shadow(graphs=True)
             if not p.prefill_graph_tokens:
-                sglog.warning(lines.PREFILL_GRAPH_DISABLED)
+                self.warn(lines.PREFILL_GRAPH_DISABLED)
             head = f"backend=full, num_tokens_per_req={p.tokens_per_req}, bs={p.graph_bs}"
             if p.failure == "draft-graph":
-                sglog.info(f"Capture draft verify CUDA graph begin. {head}, avail mem={self.avail(used):.2f} GB")
+                self.log(f"Capture draft verify CUDA graph begin. {head}, avail mem={self.avail(used):.2f} GB")
                 await self.crash(self.tb([lines.TB_SCHEDULER_INIT, lines.TB_DRAFT_GRAPH],
                                          f"RuntimeError: {p.failure_message}\n"))
             used = await self._capture("draft verify", "draft_decode", used, parts["draft"], head,
@@ -637,14 +783,14 @@ class Scheduler:
                        sizes: list[int]) -> int:
         tic = time.monotonic()
         before = self.avail(used)
-        sglog.info(f"Capture {name} CUDA graph begin. {head}, avail mem={before:.2f} GB")
+        self.log(f"Capture {name} CUDA graph begin. {head}, avail mem={before:.2f} GB")
         _progress(bar, sizes, before, nbytes / GB)
         await asyncio.sleep(0.15)
         used += nbytes
         self.hold(used)
         took = time.monotonic() - tic
         self.timings[phase] += took
-        sglog.info(f"Capture {name} CUDA graph end. elapsed={took:.2f} s, mem usage={nbytes / GB:.2f} GB, "
+        self.log(f"Capture {name} CUDA graph end. elapsed={took:.2f} s, mem usage={nbytes / GB:.2f} GB, "
                    f"avail mem={self.avail(used):.2f} GB.")
         return used
 

@@ -11,10 +11,25 @@ logger = logging.getLogger("sglang.srt")
 _UVICORN_LEVEL = {logging.INFO: "INFO:    ", logging.WARNING: "WARNING: ", logging.ERROR: "ERROR:   "}
 
 
+class _Rank(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "rank"):
+            record.rank = ""
+        return True
+
+
 def configure() -> None:
-    """`sglang.srt.utils.common.configure_logger`: `[%(asctime)s] %(message)s`, to stderr."""
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
+    """`sglang.srt.utils.common.configure_logger`: `[%(asctime)s] %(message)s`, to stderr; a
+    scheduler's lines carry its rank after the time (`[... TP1] ...`, scheduler.py's prefix)."""
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s%(rank)s] %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
                         stream=sys.stderr, force=True)
+    for h in logging.getLogger().handlers:
+        h.addFilter(_Rank())
+
+
+def ranked(level: int, msg: str, prefix: str) -> None:
+    """One scheduler's line with its rank prefix (' TP1'; '' for a single-rank server)."""
+    logger.log(level, msg, extra={"rank": prefix})
 
 
 def info(msg: str) -> None:
