@@ -46,7 +46,7 @@ _PREFIX = re.compile(
       # torchrun "[rank0]: " / "[rank0]:[W1120 ...]"
     | \[rank[0-9]{1,6}\]:\ ?
       # docker compose "sglang-1  | "
-    | [A-Za-z0-9_.-]{1,64}\ {1,40}\|\ ?
+    | [A-Za-z0-9_.-]{1,64}\ {1,40}\|(?:\ |$)
     )""",
     re.X,
 )

@@ -70,3 +70,13 @@ def test_traceback_groups_chain_and_close() -> None:
     assert {g for g, _ in kinds[:11]} == {1}  # one group across the chain
     assert kinds[11] == (None, "other") and not tb.open
     assert tb.frames == ["/b.py"] or "/a/server_args.py" in tb.frames + ["/a/server_args.py"]
+
+
+def test_a_pipe_inside_a_message_is_not_a_compose_prefix() -> None:
+    """Found by the catalogue's property test: "Assertion |0 failed." lost its first word to the
+    docker-compose prefix rule, so the device-assert rule never saw it."""
+    from ddtree_ops.diagnose.classify import classify
+
+    assert [f.rule_id for f in classify([b"sglang[1]: Assertion |0 failed."]).findings] == ["device_assert_kernel"]
+    assert [f.label for f in classify([b"sglang-1  | RuntimeError: CUDA error: device-side assert triggered"]).findings] \
+        == ["device_assert"]

@@ -241,16 +241,23 @@ def _signal_when(host: str, sig: signal.Signals, times: int = 1) -> Callable[[st
 
 
 def test_ctrl_c_in_a_wave_lets_it_finish_and_starts_nothing_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Python's own Ctrl-C handler, whatever the suite was started with (a shell's background job
+    # starts with SIGINT ignored): the rollout must put back what it found
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     s = Script({}, delay=0.3, during=_signal_when("h2", signal.SIGINT))
-    with scripted(monkeypatch, s):
-        out = run(Rollout(canary=1, batch=(Size(2),)))
+    try:
+        with scripted(monkeypatch, s):
+            out = run(Rollout(canary=1, batch=(Size(2),)))
+        restored = signal.getsignal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     got = results(out)
     assert got["h1"] == "ok" and got["h2"] == "ok"
     # h3 runs beside h2: it either had not reached its change (skipped) or finished it
     assert got["h3"] in ("ok", "skipped")
     assert [got[h] for h in ("h4", "h5", "h6")] == ["skipped"] * 3
     assert out.stopped == "interrupted (Ctrl-C / SIGTERM): no new host started"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back afterwards
+    assert restored is signal.default_int_handler  # put back afterwards
 
 
 def test_sigterm_twice_rolls_the_running_hosts_back(monkeypatch: pytest.MonkeyPatch) -> None:
