@@ -341,18 +341,26 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
                 out.exit_code, out.result = DeployExit.OK, "no-change"
                 out.reason = f"no changes: {rendered.release_id} is installed and healthy ({detail})"
                 return finish()
-        if not assume_yes:
-            question = f"Deploy {rendered.release_id} to {p.name} and restart {p.service.unit}?"
-            if confirm is None:
-                out.reason = "refusing to change a host without confirmation: pass --yes (stdin is not a terminal)"
-                return finish()
-            if not confirm(question):
-                out.reason = "not confirmed; nothing changed"
-                return finish()
-        if stop is not None and stop():
-            out.reason = STOPPED
+        why_not = refusal(f"Deploy {rendered.release_id} to {p.name} and restart {p.service.unit}?", "a host",
+                          assume_yes=assume_yes, confirm=confirm, stop=stop)
+        if why_not:
+            out.reason = why_not
             return finish()
         return _transaction(host, p, mode, rendered, layout, pf, plugin, kg, state.current, out, finish, abort)
+
+
+def refusal(question: str, what: str, *, assume_yes: bool, confirm: Callable[[str], bool] | None,
+            stop: Callable[[], bool] | None) -> str | None:
+    """Why a change must not start now (no way to ask, not confirmed, interrupted), or None; `what`
+    names what would change ("a host", "hosts")."""
+    if not assume_yes:
+        if confirm is None:
+            return f"refusing to change {what} without confirmation: pass --yes (stdin is not a terminal)"
+        if not confirm(question):
+            return "not confirmed; nothing changed"
+    if stop is not None and stop():
+        return STOPPED
+    return None
 
 
 def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout, pf: Preflight,

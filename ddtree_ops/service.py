@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence, TypeVar
 from ddtree_ops import gate as gating
 from ddtree_ops import lock, output, releases, remote
 from ddtree_ops.deploy import (Outcome, _progress, env_path_of, healthy_now, install_plugin, make_diff, redact_env,
-                               unit_path_of)
+                               refusal, unit_path_of)
 from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host, HostError, HttpUnavailable
 from ddtree_ops.observe import parse_cursor, parse_systemctl_show, read_files, unit_state
@@ -529,18 +529,10 @@ def deploy_service(hosts: Sequence[Host], svc: Service, mode: str, *, dry_run: b
                 out.reason = f"no changes: {rid} is installed and healthy on every node"
                 out.nodes = now
                 return finish()
-        if not assume_yes:
-            question = f"Deploy {rid} to {svc.describe()} and restart {svc.unit} on every node?"
-            if confirm is None:
-                out.reason = "refusing to change hosts without confirmation: pass --yes (stdin is not a terminal)"
-                return finish()
-            if not confirm(question):
-                out.reason = "not confirmed; nothing changed"
-                return finish()
-        if stop is not None and stop():
-            from ddtree_ops.deploy import STOPPED
-
-            out.reason = STOPPED
+        why_not = refusal(f"Deploy {rid} to {svc.describe()} and restart {svc.unit} on every node?", "hosts",
+                          assume_yes=assume_yes, confirm=confirm, stop=stop)
+        if why_not:
+            out.reason = why_not
             return finish()
         _transaction(hosts, svc, mode, rendered, spf, plugin, states, out, abort)
         _finish_states(out, hosts, svc)

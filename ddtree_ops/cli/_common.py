@@ -8,6 +8,10 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
+# the result word of a deploy or rollback, host or service alike
+RESULT_COLOUR = {"ok": "green", "no-change": "green", "dry-run": "cyan", "rolled-back": "yellow",
+                 "degraded": "bold red", "refused": "red"}
+
 if TYPE_CHECKING:
     from ddtree_ops.inventory import Inventory
     from ddtree_ops.profile import Profile

@@ -7,6 +7,8 @@ from __future__ import annotations
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
+from ddtree_ops.cli._common import RESULT_COLOUR
+
 if TYPE_CHECKING:
     from ddtree_ops.inventory import Inventory
     from ddtree_ops.preflight import Preflight
@@ -95,8 +97,7 @@ def show(out: "ServiceOutcome", *, as_json: bool, command: str = "deploy") -> No
             output.err().print("  " + line, markup=False, highlight=False)
     for n in out.nodes:
         output.err().print("  " + n.describe(), markup=False, highlight=False)
-    colour = {"ok": "green", "no-change": "green", "dry-run": "cyan", "rolled-back": "yellow",
-              "degraded": "bold red", "refused": "red"}.get(out.result, "white")
+    colour = RESULT_COLOUR.get(out.result, "white")
     output.say(f"[{colour}]{out.result.upper()}[/] {out.service} {out.mode}: {escape(out.reason)}")
     if out.result == "degraded":
         output.say(f"[bold red]SERVICE {out.service} IS DEGRADED:[/] its nodes are not on one verified release "

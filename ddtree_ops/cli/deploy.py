@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
+from ddtree_ops.cli._common import RESULT_COLOUR, InventoryOpt, JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
 
 if TYPE_CHECKING:
     from ddtree_ops.deploy import Outcome
@@ -135,8 +135,7 @@ def show(out: "Outcome", *, as_json: bool) -> None:
             output.say("[bold]journal of this start (last lines):[/]")
             for line in out.evidence[-12:]:
                 output.err().print("  " + line, markup=False, highlight=False)
-    colour = {"ok": "green", "no-change": "green", "dry-run": "cyan", "rolled-back": "yellow",
-              "degraded": "bold red", "refused": "red"}.get(out.result, "white")
+    colour = RESULT_COLOUR.get(out.result, "white")
     output.say(f"[{colour}]{out.result.upper()}[/] {out.host} {out.mode}: {escape(out.reason)}")
     if out.result == "degraded":
         output.say(f"[bold red]{out.host} IS DEGRADED:[/] it is not serving a verified release. "
