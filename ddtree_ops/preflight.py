@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddtree_ops import memory, remote
+from ddtree_ops.draftcheck import CAPTURE_SCAN, check_compat, check_target_layer_ids, judge_capture
 from ddtree_ops.gpu import GpuSnapshot, snapshot
 from ddtree_ops.host import Host, Result
 from ddtree_ops.observe import read_files
@@ -23,9 +24,10 @@ from ddtree_ops.render import Rendered
 
 OK, WARN, FAIL = "ok", "warn", "fail"
 
-# Runs in the host's SGLang venv: its real argument parser, its real plugin loader.
-SGLANG_CHECK = r'''
-import contextlib, io, json, sys
+# Runs in the host's SGLang venv: its real argument parser, its real plugin loader, and for a
+# DFlash-family algorithm its own model files (does the target's class capture hidden states?).
+SGLANG_CHECK = CAPTURE_SCAN + r'''
+import contextlib, io, json, os, sys
 out = {}
 from importlib.metadata import version, PackageNotFoundError
 for dist in ("sglang", "ddtree-ops"):
@@ -54,6 +56,16 @@ if algo:
                             "dflash_family": bool(a.is_dflash_family())}
     except BaseException as exc:
         out["algorithm"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+spec = argv[argv.index("--speculative-algorithm") + 1] if "--speculative-algorithm" in argv[:-1] else ""
+if spec in ("DFLASH", "DDTREE") and "--model-path" in argv[:-1]:
+    try:
+        import sglang
+        with open(os.path.join(argv[argv.index("--model-path") + 1], "config.json")) as fh:
+            archs = json.load(fh).get("architectures") or []
+        out["capture"] = dict(capture_scan(os.path.join(os.path.dirname(sglang.__file__), "srt", "models"), archs),
+                              architectures=archs)
+    except BaseException as exc:
+        out["capture"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
 print("\x1d" + json.dumps(out))
 '''
 
@@ -249,20 +261,17 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
     weights = memory.weights_bytes(target_cfg, index)
     pf.add("model", OK, f"{target.architecture or 'model'}: {target.layers} layers, {target.kv_heads} KV heads x "
                         f"{target.head_dim}, {weights / memory.GIB:.1f} GiB weights")
-    cfg = p.mode(mode)
     draft_cfg, draft_shape, draft_weights = None, None, 0
     draft = _draft_path(p, mode)
     if draft:
         draft_cfg = _json(files.get(f"{draft}/config.json"))
         if draft_cfg is None:
-            pf.add("draft", FAIL, f"{draft}/config.json is missing or unreadable on the host")
+            pf.add("draft", FAIL, f"{draft}/config.json is missing or unreadable on the host "
+                                  f"(modes.{mode}.draft_model_path)")
             return
         draft_weights = memory.draft_weights_bytes(draft_cfg, target)
         draft_shape = memory.model_shape(draft_cfg)
-        if isinstance(cfg, (DflashMode, DDTreeShadowMode)):
-            _check_dflash_draft(pf, cfg, draft, draft_cfg, target_cfg)
-        else:
-            pf.add("draft", OK, f"{draft}: {draft_shape.layers}-layer draft")
+        _check_draft(pf, p, mode, draft, draft_cfg, target_cfg)
     pf.shapes = Shapes(target, weights, draft_shape, draft_weights)
     if p.parallel is not None:
         check_parallel(pf, p, mode)
@@ -357,26 +366,45 @@ def _free_for_service(pf: Preflight, p: Profile) -> int:
     return min(gpu.memory_total_mib, gpu.memory_free_mib + ours)
 
 
-def _check_dflash_draft(pf: Preflight, cfg: DflashMode | DDTreeShadowMode, draft: str, draft_cfg: dict[str, Any],
-                        target_cfg: dict[str, Any]) -> None:
-    """The draft's captured layers against what the target architecture captures (one rule with
-    `diagnose HOST`: `draftcheck`), then its trained block size against the profile's."""
-    from ddtree_ops.draftcheck import check_target_layer_ids
-
-    layers = check_target_layer_ids(draft_cfg, target_cfg)
-    dflash = draft_cfg.get("dflash_config") or {}
-    block = draft_cfg.get("block_size") or dflash.get("block_size")
-    if layers.status == "fail":
-        pf.add("draft", FAIL, f"{draft}: {layers.detail} (a draft asking for them dies at the first request with "
-                              "'DFLASH target_hidden feature dim mismatch')")
-    elif block and int(block) != cfg.block_size:
-        pf.add("draft", FAIL, f"{draft}: the draft was trained with block_size {block}, the profile sets "
-                              f"{cfg.block_size} (--speculative-num-draft-tokens)")
-    elif layers.status == "warn":
-        pf.add("draft", WARN, f"{draft}: {layers.detail}")
+def _check_draft(pf: Preflight, p: Profile, mode: str, draft: str, draft_cfg: dict[str, Any],
+                 target_cfg: dict[str, Any]) -> None:
+    """The draft against the target, field by field as SGLang uses them (`draftcheck.check_compat`),
+    and for DFlash-family drafts the captured layers (one rule with `diagnose HOST`). One `draft`
+    line: the failures first, each naming both values and the profile keys."""
+    cfg = p.mode(mode)
+    key = f"modes.{mode}.draft_model_path"
+    dflash = isinstance(cfg, (DflashMode, DDTreeShadowMode))
+    block = cfg.block_size if dflash else None
+    found = check_compat(draft_cfg, target_cfg, algorithm=cfg.algorithm, num_draft_tokens=block, draft_key=key,
+                         target_key="service.model_path", block_key=f"modes.{mode}.block_size")
+    fails = [m.detail for m in found if m.status == FAIL]
+    warns = [m.detail for m in found if m.status == WARN]
+    layers = check_target_layer_ids(draft_cfg, target_cfg) if dflash else None
+    if layers is not None and layers.status == "fail":
+        fails.append(f"{layers.detail} (a draft asking for them dies at the first request with "
+                     f"'DFLASH target_hidden feature dim mismatch'; {key})")
+    elif layers is not None and layers.status == "warn" and not any(m.field == "num_target_layers" for m in found):
+        warns.append(layers.detail)
+    fields = [m.field for m in found]
+    if fails:
+        pf.add("draft", FAIL, f"{draft}: " + "; ".join(fails + warns), mismatches=fields)
+    elif warns:
+        pf.add("draft", WARN, f"{draft}: " + "; ".join(warns), mismatches=fields)
+    elif dflash:
+        dfl = draft_cfg.get("dflash_config") or {}
+        ids = list(layers.layer_ids or ()) if layers else []
+        trained = draft_cfg.get("block_size") or dfl.get("block_size") or block
+        pf.add("draft", OK, f"{draft}: DFlash draft, {len(ids)} captured target layers {ids}, block {trained}; "
+                            f"hidden {_field(draft_cfg, 'hidden_size')}, vocab {_field(draft_cfg, 'vocab_size')} "
+                            "as the target's")
     else:
-        ids = list(layers.layer_ids or ())
-        pf.add("draft", OK, f"{draft}: DFlash draft, {len(ids)} captured target layers {ids}, block {block or cfg.block_size}")
+        pf.add("draft", OK, f"{draft}: {_field(draft_cfg, 'num_hidden_layers')}-layer draft, hidden "
+                            f"{_field(draft_cfg, 'hidden_size')}, vocab {_field(draft_cfg, 'vocab_size')} as the target's")
+
+
+def _field(cfg: dict[str, Any], name: str) -> Any:
+    inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return inner.get(name, cfg.get(name, "?"))
 
 
 def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout,
@@ -427,6 +455,12 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
         pf.add("launch-flags", FAIL, f"sglang {doc['sglang']} refuses the launch flags: {doc.get('parse')}")
     else:
         pf.add("launch-flags", OK, f"accepted by sglang {doc['sglang']}'s own parser on the host")
+    if isinstance(p.mode(mode), (DflashMode, DDTreeShadowMode)):
+        found = doc.get("capture")
+        verdict = judge_capture(found if isinstance(found, dict) else None, doc["sglang"],
+                                list((found or {}).get("architectures") or []))
+        if verdict.status != "skip":
+            pf.add("capture", verdict.status, verdict.detail)
     if algo:
         from ddtree_ops.engine.sglang_settings import version_problem
 
