@@ -229,6 +229,24 @@ def plan(*, gpu_total_mib: int, free_mib: int, target: ModelShape, weights: int,
     return result
 
 
+def plan_from_configs(target_cfg: dict[str, Any], *, index: dict[str, Any] | None = None,
+                      draft_cfg: dict[str, Any] | None = None, gpu_total_mib: int, free_mib: int,
+                      mem_fraction_static: float, context_length: int = 1, concurrency: int = 1,
+                      kv_cache_dtype: str = "auto", page_size: int = 1, tp: int = 1, pp: int = 1, cards: int = 1,
+                      cuda_graph_max_bs: int = 8, chunked_prefill: int | None = None) -> MemoryPlan:
+    """`plan` from the config.json files themselves, as preflight derives its inputs from them
+    (the weights from the checkpoint index when there is one, the draft's cell at this tp): what
+    bench/memory_table.py and the probe test predict SGLang's pool from."""
+    target = model_shape(target_cfg)
+    draft = model_shape(draft_cfg) if draft_cfg else None
+    return plan(gpu_total_mib=gpu_total_mib, free_mib=free_mib, target=target, weights=weights_bytes(target_cfg, index),
+                draft_cell=draft.cell_bytes(kv_cache_dtype, tp) if draft else 0,
+                draft_weights=draft_weights_bytes(draft_cfg, target) if draft_cfg else 0,
+                mem_fraction_static=mem_fraction_static, context_length=context_length, concurrency=concurrency,
+                kv_cache_dtype=kv_cache_dtype, page_size=page_size, speculative=draft_cfg is not None,
+                cuda_graph_max_bs=cuda_graph_max_bs, chunked_prefill=chunked_prefill, tp=tp, pp=pp, cards=cards)
+
+
 def _suggest(p: MemoryPlan, pre: float, loaded: int, page_size: int) -> list[str]:
     """Settings that would fit, each changing one thing."""
     if p.fits:

@@ -117,6 +117,7 @@ class Preflight:
     sglang_version: str | None = None
     cards: list[CardRow] = field(default_factory=list)
     shapes: Shapes | None = None
+    free_mib: int | None = None  # the free memory the KV pool was sized from (the least card's, for the service)
 
     @property
     def failed(self) -> list[Check]:
@@ -338,6 +339,7 @@ def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
             # when the weights alone do not fit, more cards is the fix, not less context
             plan.suggestions.insert(0 if plan.tokens <= 0 else len(plan.suggestions), hint)
     pf.memory = plan
+    pf.free_mib = free_mib
     if plan.problems:
         fixes = "; or ".join(plan.suggestions) if plan.suggestions else "a smaller model, quantization or more GPUs"
         why = plan.problems[0] if plan.tokens <= 0 else "that does not fit"
@@ -501,6 +503,27 @@ def check_unit(pf: Preflight, res: Result, rendered: Rendered) -> None:
         pf.add("unit", FAIL, "systemd-analyze verify: " + ("; ".join(lines) or res.stderr.strip()[:300]))
     else:
         pf.add("unit", OK, f"systemd-analyze verify passes for {rendered.unit_name} on the host")
+
+
+def memory_preflight(host: Host, p: Profile, mode: str) -> Preflight:
+    """Only the GPU facts and the model checks (memory fit included), for measuring the fit
+    against a real start (bench/realsglang's memory probes): what `run_preflight` does with them,
+    without SGLang's parser or systemd-analyze."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pf = Preflight()
+    s = p.service
+    paths = [f"{s.model_path}/config.json", f"{s.model_path}/model.safetensors.index.json"]
+    draft = _draft_path(p, mode)
+    if draft:
+        paths.append(f"{draft}/config.json")
+    with ThreadPoolExecutor(2) as pool:
+        f_files = pool.submit(read_files, host, paths)
+        f_gpu = pool.submit(snapshot, host, s.python)
+        files = f_files.result()
+    check_gpu(pf, p, f_gpu.result())
+    check_models(pf, p, mode, files)
+    return pf
 
 
 def run_preflight(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout,

@@ -95,6 +95,7 @@ def setup(standin: bool) -> dict[str, Any]:
     text = (HERE / "h200.yaml").read_text().replace(str(DEFAULT_ROOT), str(ROOT))
     if standin:
         text = text.replace("/opt/torch/.venv/bin/python3", sys.executable)
+        standin_nvidia_smi()
     (profiles / "h200.yaml").write_text(text)
     os.environ["DDTREE_OPS_PROFILES"] = str(profiles)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(SITE)] + ([] if not standin else [os.environ.get("PYTHONPATH", "")]))
@@ -159,6 +160,8 @@ class Server:
 
         p, mode = self.profile, self.sc.mode
         argv = launch_argv(p, mode)
+        if self.sc.plain:
+            argv = without_speculation(argv)
         env = {**os.environ, **p.service.env, **mode_env(p, mode), **self.sc.env}
         self.result.update(argv=argv[1:], env={**p.service.env, **mode_env(p, mode), **self.sc.env})
         if standin:
@@ -236,6 +239,22 @@ class Server:
                 child.send_signal(signal.SIGKILL)
                 return f"killed pid {child.pid} ({title.strip()[:60]})"
         return "no scheduler process found"
+
+
+def standin_nvidia_smi() -> None:
+    """Local dry run: the lab's nvidia-smi stand-in on PATH (one simulated H200, nothing registered
+    on it), so preflight's GPU probe reads a card as it would on the device."""
+    work = ROOT / "standin-gpu"
+    (work / "bin").mkdir(parents=True, exist_ok=True)
+    (work / "gpu.json").write_text(json.dumps({"index": 0, "name": "NVIDIA H200", "uuid": "GPU-standin",
+                                               "memory_mib": 143771, "compute_cap": "9.0",
+                                               "driver_version": "580.159.04", "cuda_version": "13.0",
+                                               "pci_bus_id": "00000000:19:00.0"}))
+    tool = work / "bin" / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\nDDTREE_LAB_GPU_JSON={work}/gpu.json DDTREE_LAB_GPU_REGISTRY={work}/reg "
+                    f"PYTHONPATH={REPO} exec {sys.executable} -m ddtree_ops.lab.standin.nvidia_smi \"$@\"\n")
+    tool.chmod(0o755)
+    os.environ["PATH"] = f"{work / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def standin_launch(argv: list[str], env: dict[str, str], work: Path) -> tuple[list[str], dict[str, str]]:
@@ -358,39 +377,120 @@ def shadow_tax(servers: list[Server], host: Any, reps: int, tokens: int) -> dict
 
 # ------------------------------------------------------------------ memory probes
 
+# SGLang's own lines about the pool, kept verbatim in each probe file (bench/results/memory_probes/)
+MEMORY_LINE = re.compile(r"Init torch distributed ends|Load weight (begin|end)\.|KV Cache is allocated\.|"
+                         r"Memory pool end\.|max_total_num_tokens=|Loaded weights leave no GPU memory|"
+                         r"Not enough memory")
+POOLS_DONE = re.compile(r"max_total_num_tokens=\d+")
 
-def memory_probe(server: Server, host: Any, standin: bool) -> dict[str, Any]:
-    """Preflight's prediction on the live GPU, then the pool SGLang allocates, then stop."""
-    from ddtree_ops.preflight import run_preflight
-    from ddtree_ops.releases import Layout
-    from ddtree_ops.render import render
+
+def without_speculation(argv: list[str]) -> list[str]:
+    """The rendered launch line of a service without speculative decoding: every --speculative-*
+    flag and its value dropped (the profile has no plain mode; the probes without a draft need one)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.startswith("--speculative-"):
+            skip = "=" not in arg
+        else:
+            out.append(arg)
+    return out
+
+
+def gpu_idle(host: Any, timeout: float = 20.0) -> int | None:
+    """Wait until no process holds GPU memory (the last probe's server is gone, its memory freed),
+    so the next probe's preflight reads what SGLang will find. Returns the free MiB then."""
+    from ddtree_ops.gpu import snapshot
+
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = snapshot(host, sys.executable)
+        if not snap.gpus:
+            return None
+        if not snap.apps or time.monotonic() > deadline:
+            return snap.gpus[0].memory_free_mib
+        time.sleep(0.5)
+
+
+def memory_probe(server: Server, host: Any, standin: bool, probes: Path) -> dict[str, Any]:
+    """Preflight's memory fit on the live GPU, then the pool SGLang allocates, then stop; writes
+    the probe file (settings, the free memory preflight read, its prediction, SGLang's own lines)
+    and a copy of the log under `probes`, the layout of bench/results/memory_probes/."""
+    from ddtree_ops import memory
+    from ddtree_ops.preflight import memory_preflight
+    from ddtree_ops.profile import DDTreeShadowMode, DflashMode
 
     p, mode = server.profile, server.sc.mode
-    pf = run_preflight(host, p, mode, render(p, mode), Layout.for_service(p.service.state_dir, p.service.unit), "")
-    plan = pf.memory
-    out: dict[str, Any] = {"mfs": p.memory.mem_fraction_static, "model": p.service.model_path.rsplit("/", 1)[-1],
-                           "predicted_tokens": plan.tokens if plan else None,
-                           "free_mib": pf.gpu.gpus[0].memory_free_mib if pf.gpu and pf.gpu.gpus else None,
+    pf = memory_preflight(host, p, mode)
+    target_dir = Path(p.service.model_path)
+    target_cfg = json.loads((target_dir / "config.json").read_text())
+    index_path = target_dir / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else None
+    cfg = p.mode(mode)
+    draft_path = None if server.sc.plain else cfg.draft_model_path
+    draft_cfg = json.loads((Path(draft_path) / "config.json").read_text()) if draft_path else None
+    gpu = pf.gpu.gpus[0] if pf.gpu and pf.gpu.gpus else None
+    settings = {
+        "model": target_dir.name, "draft": Path(draft_path).name if draft_path else None,
+        "algorithm": cfg.algorithm if draft_path and isinstance(cfg, (DflashMode, DDTreeShadowMode)) else None,
+        "mem_fraction_static": p.memory.mem_fraction_static, "tp": p.sizes.tp_size, "cards": max(len(pf.cards), 1),
+        "kv_cache_dtype": p.memory.kv_cache_dtype, "page_size": p.memory.page_size,
+        "context_length": p.memory.context_length, "max_running_requests": p.memory.max_running_requests,
+        "gpu": gpu.name if gpu else None, "gpu_total_mib": gpu.memory_total_mib if gpu else p.gpu.memory_mib,
+        "target_config": target_cfg,
+        "target_index_total_size": (index or {}).get("metadata", {}).get("total_size"),
+        "draft_config": draft_cfg,
+    }
+    # the plain probes have no draft: their prediction is the same formula without it
+    plan = pf.memory if draft_path or pf.memory is None or pf.free_mib is None else memory.plan_from_configs(
+        target_cfg, index=index, gpu_total_mib=settings["gpu_total_mib"], free_mib=pf.free_mib,
+        mem_fraction_static=p.memory.mem_fraction_static, context_length=p.memory.context_length,
+        concurrency=p.memory.max_running_requests, kv_cache_dtype=p.memory.kv_cache_dtype,
+        page_size=p.memory.page_size, tp=p.sizes.tp_size)
+    out: dict[str, Any] = {"mfs": p.memory.mem_fraction_static, "model": target_dir.name, "draft": settings["draft"],
+                           "predicted_tokens": plan.tokens if plan else None, "free_mib": pf.free_mib,
                            "checks": {c.name: c.status for c in pf.checks}}
     server.start(standin)
     deadline = time.monotonic() + 300
-    real = None
-    while time.monotonic() < deadline and real is None:
-        m = KV_LINE.search(server.text())
-        if m:
-            real = int(m.group(1))
-        elif not server.alive():
-            break
+    while time.monotonic() < deadline and not POOLS_DONE.search(server.text()) and server.alive():
         time.sleep(0.5)
     server.stop(timeout=20)
+    text = server.text()
+    lines = [ln for ln in text.splitlines() if MEMORY_LINE.search(ln)]
+    m = KV_LINE.search(text)
+    real = int(m.group(1)) if m else None
     out["real_tokens"] = real
-    for key in ("Load weight begin. avail mem=", "Memory pool end. avail mem="):
-        m = re.search(re.escape(key) + r"([\d.]+) GB", server.text())
-        out[key.split(".")[0].lower().replace(" ", "_") + "_avail_gb"] = float(m.group(1)) if m else None
     if real and plan and plan.tokens:
         out["error_pct"] = round(100.0 * (plan.tokens - real) / real, 2)
+    settings["argv"] = server.result.get("argv")
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    stem = f"{date}_{server.sc.name}"
+    probe = {
+        "schema": 1, "probe": server.sc.name, "about": server.sc.about, "date": date,
+        "server": "lab stand-in (not SGLang)" if standin else f"sglang {_installed('sglang')}",
+        "machine": {"gpu": settings["gpu"], "driver": pf.gpu.driver if pf.gpu else None,
+                    "python": sys.version.split()[0]},
+        "ddtree_ops": _installed("ddtree-ops"),
+        "settings": settings,
+        "preflight": {"free_mib": pf.free_mib, "gpu_source": pf.gpu.source if pf.gpu else None,
+                      "predicted_tokens": out["predicted_tokens"],
+                      "memory_check": next((c.detail for c in pf.checks if c.name == "memory"), None),
+                      "checks": out["checks"]},
+        "sglang_lines": lines, "exit": server.result.get("exit"), "log": f"{stem}.log",
+    }
+    probes.mkdir(parents=True, exist_ok=True)
+    (probes / f"{stem}.json").write_text(json.dumps(probe, indent=1) + "\n")
+    shutil.copy(server.log, probes / f"{stem}.log")
     say(f"MEMORY {server.sc.name}: predicted {out['predicted_tokens']} real {real} ({out.get('error_pct')}%)")
     return out
+
+
+def _installed(dist: str) -> str | None:
+    import importlib.metadata as md
+
+    return _version(md, dist)
 
 
 # ------------------------------------------------------------------ groups
@@ -418,7 +518,8 @@ def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Nam
             if time.monotonic() - T0 > args.budget_s:
                 s.result["skipped"] = "past the budget"
                 continue
-            s.result["memory"] = memory_probe(s, host, standin)
+            gpu_idle(host)
+            s.result["memory"] = memory_probe(s, host, standin, out / "memory_probes")
         return servers
     for s in servers:
         s.start(standin)
