@@ -15,7 +15,7 @@ from typing import Any
 
 from ddtree_ops import memory, remote
 from ddtree_ops.draftcheck import CAPTURE_SCAN, check_compat, check_target_layer_ids, judge_capture
-from ddtree_ops.gpu import GpuSnapshot, snapshot
+from ddtree_ops.gpu import GpuSnapshot, card_verdicts, driver_verdict, snapshot
 from ddtree_ops.host import Host, Result
 from ddtree_ops.observe import read_files
 from ddtree_ops.profile import DDTreeShadowMode, DflashMode, Profile
@@ -228,6 +228,23 @@ def check_gpu(pf: Preflight, p: Profile, snap: GpuSnapshot) -> None:
     else:
         where = f" on cards {', '.join(map(str, indexes))}" if p.gpus is not None else ""
         pf.add("gpu-processes", OK, f"no process outside the service holds GPU memory{where}")
+    _check_cards(pf, p, snap, indexes)
+
+
+def _check_cards(pf: Preflight, p: Profile, snap: GpuSnapshot, indexes: list[int]) -> None:
+    """Cards present but not usable (MIG, compute mode) and the driver against the host's torch."""
+    issues = card_verdicts(snap, indexes, p.service.unit)
+    if issues:
+        status = FAIL if any(st == "fail" for st, _ in issues) else WARN
+        pf.add("gpu-cards", status, "; ".join(d for _, d in sorted(issues, key=lambda i: i[0] != "fail")))
+    else:
+        read = [g for i in indexes if (g := snap.card(i)) is not None and (g.mig_mode or g.compute_mode)]
+        if read:
+            pf.add("gpu-cards", OK, "; ".join(f"{g.label}: MIG {g.mig_mode or 'not supported'}, compute mode "
+                                              f"{g.compute_mode or '?'}" for g in read))
+    drv = driver_verdict(snap)
+    if drv is not None:
+        pf.add("driver", drv[0], drv[1])
 
 
 def _imbalance(cards: list[CardRow]) -> str:
@@ -313,9 +330,9 @@ def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
     total = min((r.total_mib for r in pf.cards), default=pf.gpu.gpus[0].memory_total_mib
                 if pf.gpu and pf.gpu.gpus else p.gpu.memory_mib)
 
-    def at(tp: int) -> memory.MemoryPlan:
+    def at(tp: int, free: int = free_mib) -> memory.MemoryPlan:
         return memory.plan(
-            gpu_total_mib=total, free_mib=free_mib, target=shapes.target, weights=shapes.weights,
+            gpu_total_mib=total, free_mib=free, target=shapes.target, weights=shapes.weights,
             draft_cell=shapes.draft.cell_bytes(kv, tp) if shapes.draft else 0, draft_weights=shapes.draft_weights,
             mem_fraction_static=p.memory.mem_fraction_static, context_length=p.memory.context_length,
             concurrency=p.memory.max_running_requests, kv_cache_dtype=kv, page_size=p.memory.page_size,
@@ -341,6 +358,8 @@ def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
     pf.memory = plan
     pf.free_mib = free_mib
     if plan.problems:
+        _strays_take_the_pool(pf, p, plan, lambda free: at(z.tp_size, free))
+    if plan.problems:
         fixes = "; or ".join(plan.suggestions) if plan.suggestions else "a smaller model, quantization or more GPUs"
         why = plan.problems[0] if plan.tokens <= 0 else "that does not fit"
         check = Check("memory", FAIL, f"{plan.summary()}: {why}. Would fit: {fixes}",
@@ -353,6 +372,39 @@ def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
         pf.replace("memory", check)
     else:
         pf.checks.append(check)
+
+
+def _strays_take_the_pool(pf: Preflight, p: Profile, plan: memory.MemoryPlan,
+                          at: Any) -> None:
+    """A card taken by another process beyond the service's budget: when the pool does not fit
+    with what the other processes hold and would fit without them, they are the cause; the
+    `gpu-processes` warning becomes a refusal naming them and what to change."""
+    if pf.gpu is None:
+        return
+    cards = [c.index for c in p.cards()]
+    strays = pf.gpu.strays(p.service.unit, cards)
+    if not strays:
+        return
+    rows = pf.cards or [CardRow(0, g.name, g.memory_total_mib, g.memory_free_mib, 0, 0, "-") for g in pf.gpu.gpus[:1]]
+    freed = min(min(r.total_mib, r.free_for_service + sum(a.used_mib for a in strays
+                                                        if a.gpu_uuid == _uuid(pf.gpu, r.index)))
+                for r in rows)
+    without = at(freed)
+    if without.problems:
+        return
+    labels = {g.uuid: g.label for g in pf.gpu.gpus}
+    who = "; ".join(f"{labels.get(a.gpu_uuid, 'a card')}: pid {a.pid} {a.name or '?'} holds {a.used_mib:,} MiB "
+                    f"({a.unit or 'no unit'})" for a in strays)
+    pf.replace("gpu-processes", Check("gpu-processes", FAIL, (
+        f"{who}: beyond what the service can spare. With it the KV pool holds {plan.tokens:,} tokens, without it "
+        f"{without.tokens:,}; {p.memory.context_length:,} context x {p.memory.max_running_requests} requests need "
+        f"{plan.needed_tokens:,}. Stop {'it' if len(strays) == 1 else 'them'} (kill {' '.join(str(a.pid) for a in strays)}"
+        ") or choose other cards in gpus"), dict(strays=[a.__dict__ for a in strays])))
+
+
+def _uuid(snap: GpuSnapshot, index: int) -> str:
+    g = snap.card(index)
+    return g.uuid if g else ""
 
 
 def _free_for_service(pf: Preflight, p: Profile) -> int:
