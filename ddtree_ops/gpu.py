@@ -330,8 +330,9 @@ def card_verdicts(snap: GpuSnapshot, cards: list[int], unit: str) -> list[tuple[
         others = [a for a in snap.apps_on(index) if a.unit != unit]
         who = ", ".join(f"pid {a.pid} {a.name or '?'} ({a.unit or 'no unit'})" for a in others)
         if g.compute_mode == "Prohibited":
-            out.append(("fail", f"{g.label} is in compute mode Prohibited: no process may create a CUDA context on "
-                                f"it. Choose another card in gpus, or the operator runs `nvidia-smi -i {index} -c DEFAULT`"))
+            out.append(("fail", f"{g.label} is in compute mode Prohibited: no process may create a CUDA context "
+                                "on it. Choose another card in gpus, or the operator runs "
+                                f"`nvidia-smi -i {index} -c DEFAULT`"))
         elif g.compute_mode in ("Exclusive_Process", "Exclusive_Thread") and others:
             out.append(("fail", f"{g.label} is in compute mode {g.compute_mode} and {who} holds its one context: the "
                                 "server fails with 'CUDA-capable device(s) is/are busy or unavailable'. Stop "

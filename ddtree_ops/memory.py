@@ -102,6 +102,24 @@ def model_shape(config: dict[str, Any], *, layers_override: int | None = None) -
                       architecture=str(archs[0]), mla_cell=mla, heads=heads)
 
 
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def model_context_length(cfg: dict[str, Any]) -> int | None:
+    """SGLang's derived context length (`get_context_length`, 0.5.17 and 0.5.23): the first of its
+    keys in the text config, times a rope-scaling factor unless the scaling is llama3's or keeps
+    an original_max_position_embeddings."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    rope = text.get("rope_scaling") if isinstance(text.get("rope_scaling"), dict) else None
+    factor = 1.0
+    if rope and "original_max_position_embeddings" not in rope and rope.get("rope_type") != "llama3":
+        factor = float(rope.get("factor", 1) or 1)
+    for key in _CONTEXT_KEYS:
+        if isinstance(text.get(key), (int, float)) and not isinstance(text.get(key), bool):
+            return int(factor * text[key])
+    return None
+
+
 def weights_bytes(config: dict[str, Any], index: dict[str, Any] | None, file_bytes: int = 0) -> int:
     """Prefer the checkpoint's own total (index metadata, or the files' sizes) over an estimate."""
     if index and isinstance(index.get("metadata"), dict) and index["metadata"].get("total_size"):

@@ -7,67 +7,21 @@ preflight is a handful of SSH round trips.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddtree_ops import memory, remote
-from ddtree_ops.draftcheck import CAPTURE_SCAN, check_compat, check_target_layer_ids, judge_capture
+from ddtree_ops import memory
+from ddtree_ops.draftcheck import check_compat, check_target_layer_ids, judge_capture
 from ddtree_ops.gpu import GpuSnapshot, card_verdicts, driver_verdict, snapshot
 from ddtree_ops.host import Host, Result
+from ddtree_ops.hostsglang import SGLANG_CHECK, sglang_check  # noqa: F401  (SGLANG_CHECK: tests run it)
 from ddtree_ops.observe import read_files
 from ddtree_ops.profile import DDTreeShadowMode, DflashMode, Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import Rendered
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-
-# Runs in the host's SGLang venv: its real argument parser, its real plugin loader, and for a
-# DFlash-family algorithm its own model files (does the target's class capture hidden states?).
-SGLANG_CHECK = CAPTURE_SCAN + r'''
-import contextlib, io, json, os, sys
-out = {}
-from importlib.metadata import version, PackageNotFoundError
-for dist in ("sglang", "ddtree-ops"):
-    try:
-        out[dist] = version(dist)
-    except PackageNotFoundError:
-        out[dist] = None
-argv, algo = json.loads(sys.argv[1]), sys.argv[2]
-err = io.StringIO()
-try:
-    with contextlib.redirect_stderr(err):
-        from sglang.srt.server_args import prepare_server_args
-        prepare_server_args(argv)
-    out["parse"] = "ok"
-except SystemExit:
-    out["parse"] = (err.getvalue().strip().splitlines() or ["argument error"])[-1]
-except BaseException as exc:
-    out["parse"] = "%s: %s" % (type(exc).__name__, exc)
-if algo:
-    try:
-        from sglang.srt.plugins import load_plugins
-        load_plugins()
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        a = SpeculativeAlgorithm.from_string(algo)
-        out["algorithm"] = {"resolved": repr(a), "dflash": bool(a.is_dflash()),
-                            "dflash_family": bool(a.is_dflash_family())}
-    except BaseException as exc:
-        out["algorithm"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-spec = argv[argv.index("--speculative-algorithm") + 1] if "--speculative-algorithm" in argv[:-1] else ""
-if spec in ("DFLASH", "DDTREE") and "--model-path" in argv[:-1]:
-    try:
-        import sglang
-        with open(os.path.join(argv[argv.index("--model-path") + 1], "config.json")) as fh:
-            archs = json.load(fh).get("architectures") or []
-        out["capture"] = dict(capture_scan(os.path.join(os.path.dirname(sglang.__file__), "srt", "models"), archs),
-                              architectures=archs)
-    except BaseException as exc:
-        out["capture"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-print("\x1d" + json.dumps(out))
-'''
 
 
 @dataclass(frozen=True)
@@ -189,11 +143,13 @@ def check_gpu(pf: Preflight, p: Profile, snap: GpuSnapshot) -> None:
     wrong = [(c, g) for c in cards if (g := snap.card(c.index)) is not None and g.arch != c.arch]
     gpu = snap.card(indexes[0]) or snap.gpus[0]
     if len(snap.gpus) < p.gpu.count:
-        pf.add("gpu", FAIL, f"{len(snap.gpus)} GPU(s) visible, the profile expects {p.gpu.count}")
+        pf.add("gpu", FAIL, f"{len(snap.gpus)} GPU(s) visible, the profile expects {p.gpu.count} (gpu.count)"
+                            + _ranks_need(p))
     elif missing:
         seen = ", ".join(str(g.index) for g in snap.gpus)
         pf.add("gpu", FAIL, f"card{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of gpus "
-                            f"{'are' if len(missing) > 1 else 'is'} not on the host (it has {len(snap.gpus)}: {seen})")
+                            f"{'are' if len(missing) > 1 else 'is'} not on the host (it has {len(snap.gpus)}: {seen})"
+                            + _ranks_need(p))
     elif wrong:
         c, g = wrong[0]
         pf.add("gpu", FAIL, f"{g.name} is {g.arch}, the profile says {c.arch}: backend rules "
@@ -229,6 +185,15 @@ def check_gpu(pf: Preflight, p: Profile, snap: GpuSnapshot) -> None:
         where = f" on cards {', '.join(map(str, indexes))}" if p.gpus is not None else ""
         pf.add("gpu-processes", OK, f"no process outside the service holds GPU memory{where}")
     _check_cards(pf, p, snap, indexes)
+
+
+def _ranks_need(p: Profile) -> str:
+    """What the parallel sizes ask of the node's cards, when they are why it needs several."""
+    if p.parallel is None or p.ranks_per_node <= 1:
+        return ""
+    z = p.sizes
+    return (f"; parallel.tp_size {z.tp_size} x pp_size {z.pp_size} x dp_size {z.dp_size} puts {p.ranks_per_node} "
+            "ranks on this node, one per card")
 
 
 def _check_cards(pf: Preflight, p: Profile, snap: GpuSnapshot, indexes: list[int]) -> None:
@@ -279,6 +244,7 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
     weights = memory.weights_bytes(target_cfg, index)
     pf.add("model", OK, f"{target.architecture or 'model'}: {target.layers} layers, {target.kv_heads} KV heads x "
                         f"{target.head_dim}, {weights / memory.GIB:.1f} GiB weights")
+    _check_context(pf, p, target_cfg)
     draft_cfg, draft_shape, draft_weights = None, None, 0
     draft = _draft_path(p, mode)
     if draft:
@@ -294,6 +260,27 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
     if p.parallel is not None:
         check_parallel(pf, p, mode)
     plan_memory(pf, p, _free_for_service(pf, p), max(len(pf.cards), 1))
+
+
+def _check_context(pf: Preflight, p: Profile, target_cfg: dict[str, Any]) -> None:
+    """memory.context_length past the model's: SGLang refuses it at start (ModelConfig, in the
+    main process, before any GPU work) unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set,
+    then only warns. 0.5.17's parser catches it too; 0.5.23's does not, so preflight checks it
+    itself."""
+    derived = memory.model_context_length(target_cfg)
+    want = p.memory.context_length
+    if derived is None or want <= derived:
+        return
+    flag = str(p.service.env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "")).strip().lower()
+    said = (f"memory.context_length {want:,} is past the model's {derived:,} ({p.service.model_path}/config.json)")
+    if flag in ("1", "true", "yes", "on"):
+        pf.add("context", WARN, f"{said}; service.env sets SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, so SGLang "
+                                "only warns ('may lead to incorrect model outputs or CUDA errors')")
+    else:
+        pf.add("context", FAIL, f"{said}: SGLang stops at start with 'User-specified context_length ({want}) is "
+                                f"greater than the derived context_length ({derived})'. Lower memory.context_length, "
+                                "or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in service.env if the model "
+                                "really extrapolates")
 
 
 def check_parallel(pf: Preflight, p: Profile, mode: str) -> None:
@@ -397,8 +384,8 @@ def _strays_take_the_pool(pf: Preflight, p: Profile, plan: memory.MemoryPlan,
                     f"({a.unit or 'no unit'})" for a in strays)
     pf.replace("gpu-processes", Check("gpu-processes", FAIL, (
         f"{who}: beyond what the service can spare. With it the KV pool holds {plan.tokens:,} tokens, without it "
-        f"{without.tokens:,}; {p.memory.context_length:,} context x {p.memory.max_running_requests} requests need "
-        f"{plan.needed_tokens:,}. Stop {'it' if len(strays) == 1 else 'them'} (kill {' '.join(str(a.pid) for a in strays)}"
+        f"{without.tokens:,}; {p.memory.context_length:,} context x {p.memory.max_running_requests} requests "
+        f"need {plan.needed_tokens:,}. Stop {'it' if len(strays) == 1 else 'them'} (kill {' '.join(str(a.pid) for a in strays)}"
         ") or choose other cards in gpus"), dict(strays=[a.__dict__ for a in strays])))
 
 
@@ -453,44 +440,13 @@ def _check_draft(pf: Preflight, p: Profile, mode: str, draft: str, draft_cfg: di
                             "as the target's")
     else:
         pf.add("draft", OK, f"{draft}: {_field(draft_cfg, 'num_hidden_layers')}-layer draft, hidden "
-                            f"{_field(draft_cfg, 'hidden_size')}, vocab {_field(draft_cfg, 'vocab_size')} as the target's")
+                            f"{_field(draft_cfg, 'hidden_size')}, vocab {_field(draft_cfg, 'vocab_size')} "
+                            "as the target's")
 
 
 def _field(cfg: dict[str, Any], name: str) -> Any:
     inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     return inner.get(name, cfg.get(name, "?"))
-
-
-def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout,
-                 plugin_version: str) -> tuple[dict[str, Any] | None, str]:
-    """The launch flags through the host's own SGLang parser; the algorithm through its plugin loader.
-    A pass is cached on the host per (argv, sglang and plugin install) since importing SGLang takes
-    seconds. Returns the check's report, or None and why it could not run."""
-    cfg = p.mode(mode)
-    algo = cfg.algorithm if isinstance(cfg, DDTreeShadowMode) else ""
-    env = {"SGLANG_PLUGINS": "ddtree"} if algo else {}
-    args = list(rendered.argv[3:])
-    key = hashlib.sha256(json.dumps([args, algo, plugin_version if algo else ""]).encode()).hexdigest()[:16]
-    python = p.service.python
-    cache = f"{layout.root}/parser-ok"
-    check = shlex.join(remote.env_run(env, remote.python_run(python, SGLANG_CHECK, json.dumps(args), algo)))
-    # the cache key names the installed sglang and ddtree-ops dist-info directories, so a changed
-    # install (or the plugin deployed a moment ago) is checked afresh
-    script = (f'py={shlex.quote(python)}; sp="$(dirname "$py")"/../lib/python3*/site-packages; '
-              'd=$(ls -d $sp/sglang-*.dist-info 2>/dev/null | head -n1); '
-              'e=$(ls -d $sp/ddtree_ops-*.dist-info 2>/dev/null | head -n1); '
-              f'c={shlex.quote(cache)}/{key}-$(basename "$d" 2>/dev/null)-$(basename "$e" 2>/dev/null); '
-              'if [ -n "$d" ] && [ -f "$c" ]; then cat "$c"; exit 0; fi; '
-              f'out=$({check} 2>/dev/null); rc=$?; printf "%s\\n" "$out"; '
-              'case "$out" in *\'"parse": "ok"\'*) if [ -n "$d" ]; then mkdir -p "$(dirname "$c")" && '
-              'printf "%s\\n" "$out" > "$c"; fi;; esac; exit $rc')
-    res = host.run(["sh", "-c", script], sudo=True, timeout=180)
-    payload = res.stdout.rpartition("\x1d")[2].strip()
-    try:
-        return json.loads(payload), ""
-    except json.JSONDecodeError:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        return None, f"{python} could not run SGLang's argument parser: {tail[0][:300]}"
 
 
 def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, Any] | None, str],

@@ -49,7 +49,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
-from scenarios import GROUPS, SHARED_GPU_CAP, Scenario, model_configs  # noqa: E402
+from scenarios import GROUPS, REFUSAL_WAIT_S, SHARED_GPU_CAP, Scenario, model_configs  # noqa: E402
 
 DEFAULT_ROOT = Path("/tmp/rs")     # what h200.yaml and scenarios.py name; --root moves a dry run
 ROOT = DEFAULT_ROOT
@@ -493,6 +493,40 @@ def _installed(dist: str) -> str | None:
     return _version(md, dist)
 
 
+# ------------------------------------------------------------------ refusals
+
+
+def refusal(server: Server, host: Any, standin: bool) -> dict[str, Any]:
+    """Preflight's verdict on settings it must refuse, then the real server started anyway with the
+    same rendered argv (what a hand-edited unit would do), stopped when it dies or after
+    REFUSAL_WAIT_S: the log is SGLang's own failure, for diagnose."""
+    from ddtree_ops.preflight import run_preflight
+    from ddtree_ops.releases import Layout
+    from ddtree_ops.render import render
+
+    p, mode = server.profile, server.sc.mode
+    t = time.monotonic()
+    pf = run_preflight(host, p, mode, render(p, mode), Layout.for_service(p.service.state_dir, p.service.unit), "")
+    failed = [{"name": c.name, "detail": c.detail} for c in pf.failed]
+    key = server.sc.refuse_key
+    out: dict[str, Any] = {"preflight_s": round(time.monotonic() - t, 1), "refused": not pf.ok, "failed": failed,
+                           "names_key": any(key in c["detail"] for c in failed), "key": key,
+                           "checks": {c.name: c.status for c in pf.checks}}
+    say(f"REFUSAL {server.sc.name}: preflight {'refused' if not pf.ok else 'PASSED'}"
+        f"{'' if out['names_key'] else f' without naming {key}'}: {'; '.join(c['name'] for c in failed)}")
+    server.start(standin)
+    deadline = time.monotonic() + REFUSAL_WAIT_S
+    while server.alive() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    out["server_died"] = not server.alive()
+    out["server_s"] = round(time.monotonic() - server.started, 1)
+    server.stop(timeout=10)
+    out["exit"] = server.result.get("exit")
+    say(f"REFUSAL {server.sc.name}: server {'died' if out['server_died'] else 'still up, stopped'} "
+        f"after {out['server_s']}s (exit {out['exit']})")
+    return out
+
+
 # ------------------------------------------------------------------ groups
 
 
@@ -511,8 +545,13 @@ def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Nam
     scenarios = [sc for sc in GROUPS[name] if not args.only or sc.name in args.only]
     if not scenarios:
         return []
-    servers = [Server(sc, profile_for(sc, port0 + i, shared_gpu=name != "memory"), out / f"{sc.name}.log")
-               for i, sc in enumerate(scenarios)]
+    servers = [Server(sc, profile_for(sc, port0 + i, shared_gpu=name not in ("memory", "refusals")),
+                      out / f"{sc.name}.log") for i, sc in enumerate(scenarios)]
+    if name == "refusals":
+        with cf.ThreadPoolExecutor(len(servers)) as pool:
+            for s, res in zip(servers, pool.map(lambda s: refusal(s, host, standin), servers)):
+                s.result["refusal"] = res
+        return servers
     if name == "memory":
         for s in servers:
             if time.monotonic() - T0 > args.budget_s:

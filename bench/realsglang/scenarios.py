@@ -42,6 +42,7 @@ class Scenario:
     kill_in_stay: float = 0.0           # SIGKILL the scheduler this long into the stay window
     cli_smoke: bool = False             # also run `ddtree-ops smoke h200 --json` against it
     plain: bool = False                 # memory probes: the rendered argv without its --speculative-* flags
+    refuse_key: str = ""                # refusals: the profile key preflight's refusal must name
 
 
 def _8b(mfs: float, model: str = "qwen3-8b") -> tuple[str, ...]:
@@ -101,7 +102,21 @@ GROUPS: dict[str, list[Scenario]] = {
         Scenario("mem_1p7b_60", "memory probe: Qwen3-1.7B shape + 2-layer DFlash draft, mfs 0.6", "dflash",
                  "healthy", sets=_8b(0.6, "qwen3-1.7b")),
     ],
+    # Not run by default (name it): settings preflight refuses, started anyway with the same rendered
+    # argv to record what real SGLang does with them (for diagnose). All three at once, each stopped
+    # when it dies or after REFUSAL_WAIT_S. Labels are left to a person reading the logs, except the
+    # context length, which 0.5.17 refuses while resolving its server args.
+    "refusals": [
+        Scenario("refuse_gpus1", "gpus [1] on the one-card H200 (CUDA_VISIBLE_DEVICES=1)", "dflash", "",
+                 sets=("gpus=[1]",), refuse_key="gpus"),
+        Scenario("refuse_tp2", "parallel.tp_size 2 with gpus [0, 1] on the one-card H200", "dflash", "",
+                 sets=("parallel.tp_size=2", "gpus=[0, 1]"), refuse_key="gpus"),
+        Scenario("refuse_context", "memory.context_length 50000 past tiny-qwen3's 4096 (no override in service.env)",
+                 "dflash", "bad_launch_flags", sets=("memory.context_length=50000",),
+                 refuse_key="memory.context_length"),
+    ],
 }
+REFUSAL_WAIT_S = 90.0
 
 
 def _qwen3(tiny: dict[str, Any], *, hidden: int, inter: int, layers: int, heads: int, kv: int, tie: bool) -> dict[str, Any]:

@@ -107,3 +107,14 @@ def test_a_driver_too_old_for_the_hosts_torch_is_refused() -> None:
 def test_a_cpu_torch_is_not_judged() -> None:
     pf = run([card(0)], torch_cuda="")
     assert not [c for c in pf.checks if c.name == "driver"]
+
+
+def test_tp2_on_a_one_card_host_names_gpus_and_the_parallel_sizes() -> None:
+    """Issue 21's second refusal on the H200: parallel.tp_size 2 with gpus [0, 1] on one card."""
+    p = load_profile("ct200", overrides=["parallel.tp_size=2", "gpus=[0, 1]"])
+    pf = Preflight()
+    check_gpu(pf, p, GpuSnapshot("nvml", [card(0)], [], [], "580.95.05"))
+    check = line(pf, "gpu")
+    assert check.status == FAIL
+    assert "card 1 of gpus is not on the host (it has 1: 0)" in check.detail
+    assert "parallel.tp_size 2 x pp_size 1 x dp_size 1 puts 2 ranks on this node" in check.detail
