@@ -14,9 +14,12 @@ sizes its KV pool from the GPU memory free when each starts. For every server th
   place of the unit, the server's log in place of the journal, `/health_generate` and the gate's
   smoke request through `LocalHost`; then `smoke`'s parsers and judge on the real answers;
 - for the `serve` group, measures decode throughput of DFLASH and DDTREE shadow side by side;
-- for `memory`, runs preflight's memory fit on the live GPU (`preflight.run_preflight` through
-  `LocalHost`: nvidia-smi, the model configs, SGLang's own parser) and reads the pool SGLang
-  allocated (`KV Cache is allocated. #tokens: N`);
+- for `memory`, runs preflight's memory fit on the live GPU (`preflight.memory_preflight` through
+  `LocalHost`: the GPU probe, the model configs) and reads the pool SGLang allocated (`KV Cache is
+  allocated. #tokens: N`); each probe file goes to `memory_probes/` in the bundle, the layout of
+  bench/results/memory_probes/;
+- for `refusals` (only when named), records preflight's verdict on settings it must refuse, then
+  starts the real server anyway with the same argv and keeps its failure log;
 - stops every server the way systemd stops a unit (SIGTERM to the whole process group), and runs
   `diagnose` on each log.
 
