@@ -417,6 +417,23 @@ def gpu_idle(host: Any, timeout: float = 20.0) -> int | None:
         time.sleep(0.5)
 
 
+def gpu_facts(host: Any, path: Path) -> None:
+    """The raw outputs preflight's GPU probe parses, captured once on the device (the card modes,
+    the driver's CUDA, the probe's own JSON through NVML): test data for the parsers."""
+    from ddtree_ops.gpu import PROBE
+
+    parts = []
+    for argv in (["nvidia-smi", "--query-gpu=index,uuid,name,memory.total,memory.used,memory.free,compute_cap,"
+                  "driver_version", "--format=csv,noheader,nounits"],
+                 ["nvidia-smi", "--query-gpu=index,pci.bus_id,mig.mode.current,mig.mode.pending,compute_mode",
+                  "--format=csv,noheader,nounits"],
+                 ["nvidia-smi", "--version"], ["nvidia-smi"], [sys.executable, "-c", PROBE]):
+        res = host.run(argv, timeout=60)
+        label = " ".join(argv[:2]) if argv[0] != sys.executable else "python -c gpu.PROBE"
+        parts.append(f"$ {label}\n# exit {res.rc}\n{res.stdout}{res.stderr}")
+    path.write_text("\n".join(parts))
+
+
 def memory_probe(server: Server, host: Any, standin: bool, probes: Path) -> dict[str, Any]:
     """Preflight's memory fit on the live GPU, then the pool SGLang allocates, then stop; writes
     the probe file (settings, the free memory preflight read, its prediction, SGLang's own lines)
@@ -556,6 +573,7 @@ def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Nam
                 s.result["refusal"] = res
         return servers
     if name == "memory":
+        gpu_facts(host, out / "gpu_facts.txt")
         for s in servers:
             if time.monotonic() - T0 > args.budget_s:
                 s.result["skipped"] = "past the budget"
