@@ -2,7 +2,10 @@
 
 The probe is one self-contained script (stdlib + optional pynvml) run by the host's own Python in
 one round trip; it also names the systemd unit owning each process that holds GPU memory, so a
-stray worker from an earlier run is told apart from the service about to be restarted.
+stray worker from an earlier run is told apart from the service about to be restarted, and reads
+each card's bus id, MIG and compute modes, the driver's CUDA version and the CUDA the interpreter's
+torch was built for (from torch/version.py, without importing torch). The verdicts at the end say
+whether a card that is present can be used.
 `python -m ddtree_ops.gpu probe --json` runs the same probe locally.
 """
 

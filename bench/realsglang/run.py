@@ -516,10 +516,8 @@ def _installed(dist: str) -> str | None:
 # ------------------------------------------------------------------ refusals
 
 
-def refusal(server: Server, host: Any, standin: bool) -> dict[str, Any]:
-    """Preflight's verdict on settings it must refuse, then the real server started anyway with the
-    same rendered argv (what a hand-edited unit would do), stopped when it dies or after
-    REFUSAL_WAIT_S: the log is SGLang's own failure, for diagnose."""
+def refusal_verdict(server: Server, host: Any) -> dict[str, Any]:
+    """Preflight's verdict on settings it must refuse (the full preflight a deploy runs)."""
     from ddtree_ops.preflight import run_preflight
     from ddtree_ops.releases import Layout
     from ddtree_ops.render import render
@@ -534,12 +532,17 @@ def refusal(server: Server, host: Any, standin: bool) -> dict[str, Any]:
                            "checks": {c.name: c.status for c in pf.checks}}
     say(f"REFUSAL {server.sc.name}: preflight {'refused' if not pf.ok else 'PASSED'}"
         f"{'' if out['names_key'] else f' without naming {key}'}: {'; '.join(c['name'] for c in failed)}")
+    return out
+
+
+def refused_anyway(server: Server, standin: bool) -> dict[str, Any]:
+    """The real server started with the same rendered argv (what a hand-edited unit would do),
+    stopped when it dies or after REFUSAL_WAIT_S: its log is SGLang's own failure, for diagnose."""
     server.start(standin)
     deadline = time.monotonic() + REFUSAL_WAIT_S
     while server.alive() and time.monotonic() < deadline:
         time.sleep(0.5)
-    out["server_died"] = not server.alive()
-    out["server_s"] = round(time.monotonic() - server.started, 1)
+    out: dict[str, Any] = {"server_died": not server.alive(), "server_s": round(time.monotonic() - server.started, 1)}
     server.stop(timeout=10)
     out["exit"] = server.result.get("exit")
     say(f"REFUSAL {server.sc.name}: server {'died' if out['server_died'] else 'still up, stopped'} "
@@ -568,9 +571,13 @@ def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Nam
     servers = [Server(sc, profile_for(sc, port0 + i, shared_gpu=name not in ("memory", "refusals")),
                       out / f"{sc.name}.log") for i, sc in enumerate(scenarios)]
     if name == "refusals":
+        # every verdict first (no refused server on the GPU while another preflight reads it), then
+        # the three servers at once
         with cf.ThreadPoolExecutor(len(servers)) as pool:
-            for s, res in zip(servers, pool.map(lambda s: refusal(s, host, standin), servers)):
-                s.result["refusal"] = res
+            verdicts = list(pool.map(lambda s: refusal_verdict(s, host), servers))
+            started = list(pool.map(lambda s: refused_anyway(s, standin), servers))
+        for s, verdict, run in zip(servers, verdicts, started):
+            s.result["refusal"] = {**verdict, **run}
         return servers
     if name == "memory":
         gpu_facts(host, out / "gpu_facts.txt")
