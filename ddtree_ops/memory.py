@@ -102,6 +102,24 @@ def model_shape(config: dict[str, Any], *, layers_override: int | None = None) -
                       architecture=str(archs[0]), mla_cell=mla, heads=heads)
 
 
+_CONTEXT_KEYS = ("max_sequence_length", "seq_length", "max_seq_len", "model_max_length", "max_position_embeddings")
+
+
+def model_context_length(cfg: dict[str, Any]) -> int | None:
+    """SGLang's derived context length (`get_context_length`, 0.5.17 and 0.5.23): the first of its
+    keys in the text config, times a rope-scaling factor unless the scaling is llama3's or keeps
+    an original_max_position_embeddings."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    rope = text.get("rope_scaling") if isinstance(text.get("rope_scaling"), dict) else None
+    factor = 1.0
+    if rope and "original_max_position_embeddings" not in rope and rope.get("rope_type") != "llama3":
+        factor = float(rope.get("factor", 1) or 1)
+    for key in _CONTEXT_KEYS:
+        if isinstance(text.get(key), (int, float)) and not isinstance(text.get(key), bool):
+            return int(factor * text[key])
+    return None
+
+
 def weights_bytes(config: dict[str, Any], index: dict[str, Any] | None, file_bytes: int = 0) -> int:
     """Prefer the checkpoint's own total (index metadata, or the files' sizes) over an estimate."""
     if index and isinstance(index.get("metadata"), dict) and index["metadata"].get("total_size"):
@@ -227,6 +245,24 @@ def plan(*, gpu_total_mib: int, free_mib: int, target: ModelShape, weights: int,
         concurrency=concurrency, problems=problems, warnings=warnings, tp=tp, pp=pp, cards=cards)
     result.suggestions.extend(_suggest(result, pre, loaded, page_size))
     return result
+
+
+def plan_from_configs(target_cfg: dict[str, Any], *, index: dict[str, Any] | None = None,
+                      draft_cfg: dict[str, Any] | None = None, gpu_total_mib: int, free_mib: int,
+                      mem_fraction_static: float, context_length: int = 1, concurrency: int = 1,
+                      kv_cache_dtype: str = "auto", page_size: int = 1, tp: int = 1, pp: int = 1, cards: int = 1,
+                      cuda_graph_max_bs: int = 8, chunked_prefill: int | None = None) -> MemoryPlan:
+    """`plan` from the config.json files themselves, as preflight derives its inputs from them
+    (the weights from the checkpoint index when there is one, the draft's cell at this tp): what
+    bench/memory_table.py and the probe test predict SGLang's pool from."""
+    target = model_shape(target_cfg)
+    draft = model_shape(draft_cfg) if draft_cfg else None
+    return plan(gpu_total_mib=gpu_total_mib, free_mib=free_mib, target=target, weights=weights_bytes(target_cfg, index),
+                draft_cell=draft.cell_bytes(kv_cache_dtype, tp) if draft else 0,
+                draft_weights=draft_weights_bytes(draft_cfg, target) if draft_cfg else 0,
+                mem_fraction_static=mem_fraction_static, context_length=context_length, concurrency=concurrency,
+                kv_cache_dtype=kv_cache_dtype, page_size=page_size, speculative=draft_cfg is not None,
+                cuda_graph_max_bs=cuda_graph_max_bs, chunked_prefill=chunked_prefill, tp=tp, pp=pp, cards=cards)
 
 
 def _suggest(p: MemoryPlan, pre: float, loaded: int, page_size: int) -> list[str]:

@@ -7,55 +7,21 @@ preflight is a handful of SSH round trips.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddtree_ops import memory, remote
-from ddtree_ops.gpu import GpuSnapshot, snapshot
+from ddtree_ops import memory
+from ddtree_ops.draftcheck import check_compat, check_target_layer_ids, judge_capture
+from ddtree_ops.gpu import GpuSnapshot, card_verdicts, driver_verdict, snapshot
 from ddtree_ops.host import Host, Result
+from ddtree_ops.hostsglang import SGLANG_CHECK, sglang_check  # noqa: F401  (SGLANG_CHECK: tests run it)
 from ddtree_ops.observe import read_files
 from ddtree_ops.profile import DDTreeShadowMode, DflashMode, Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import Rendered
 
 OK, WARN, FAIL = "ok", "warn", "fail"
-
-# Runs in the host's SGLang venv: its real argument parser, its real plugin loader.
-SGLANG_CHECK = r'''
-import contextlib, io, json, sys
-out = {}
-from importlib.metadata import version, PackageNotFoundError
-for dist in ("sglang", "ddtree-ops"):
-    try:
-        out[dist] = version(dist)
-    except PackageNotFoundError:
-        out[dist] = None
-argv, algo = json.loads(sys.argv[1]), sys.argv[2]
-err = io.StringIO()
-try:
-    with contextlib.redirect_stderr(err):
-        from sglang.srt.server_args import prepare_server_args
-        prepare_server_args(argv)
-    out["parse"] = "ok"
-except SystemExit:
-    out["parse"] = (err.getvalue().strip().splitlines() or ["argument error"])[-1]
-except BaseException as exc:
-    out["parse"] = "%s: %s" % (type(exc).__name__, exc)
-if algo:
-    try:
-        from sglang.srt.plugins import load_plugins
-        load_plugins()
-        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
-        a = SpeculativeAlgorithm.from_string(algo)
-        out["algorithm"] = {"resolved": repr(a), "dflash": bool(a.is_dflash()),
-                            "dflash_family": bool(a.is_dflash_family())}
-    except BaseException as exc:
-        out["algorithm"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
-print("\x1d" + json.dumps(out))
-'''
 
 
 @dataclass(frozen=True)
@@ -105,6 +71,7 @@ class Preflight:
     sglang_version: str | None = None
     cards: list[CardRow] = field(default_factory=list)
     shapes: Shapes | None = None
+    free_mib: int | None = None  # the free memory the KV pool was sized from (the least card's, for the service)
 
     @property
     def failed(self) -> list[Check]:
@@ -176,11 +143,13 @@ def check_gpu(pf: Preflight, p: Profile, snap: GpuSnapshot) -> None:
     wrong = [(c, g) for c in cards if (g := snap.card(c.index)) is not None and g.arch != c.arch]
     gpu = snap.card(indexes[0]) or snap.gpus[0]
     if len(snap.gpus) < p.gpu.count:
-        pf.add("gpu", FAIL, f"{len(snap.gpus)} GPU(s) visible, the profile expects {p.gpu.count}")
+        pf.add("gpu", FAIL, f"{len(snap.gpus)} GPU(s) visible, the profile expects {p.gpu.count} (gpu.count)"
+                            + _ranks_need(p))
     elif missing:
         seen = ", ".join(str(g.index) for g in snap.gpus)
         pf.add("gpu", FAIL, f"card{'s' if len(missing) > 1 else ''} {', '.join(map(str, missing))} of gpus "
-                            f"{'are' if len(missing) > 1 else 'is'} not on the host (it has {len(snap.gpus)}: {seen})")
+                            f"{'are' if len(missing) > 1 else 'is'} not on the host (it has {len(snap.gpus)}: {seen})"
+                            + _ranks_need(p))
     elif wrong:
         c, g = wrong[0]
         pf.add("gpu", FAIL, f"{g.name} is {g.arch}, the profile says {c.arch}: backend rules "
@@ -215,6 +184,32 @@ def check_gpu(pf: Preflight, p: Profile, snap: GpuSnapshot) -> None:
     else:
         where = f" on cards {', '.join(map(str, indexes))}" if p.gpus is not None else ""
         pf.add("gpu-processes", OK, f"no process outside the service holds GPU memory{where}")
+    _check_cards(pf, p, snap, indexes)
+
+
+def _ranks_need(p: Profile) -> str:
+    """What the parallel sizes ask of the node's cards, when they are why it needs several."""
+    if p.parallel is None or p.ranks_per_node <= 1:
+        return ""
+    z = p.sizes
+    return (f"; parallel.tp_size {z.tp_size} x pp_size {z.pp_size} x dp_size {z.dp_size} puts {p.ranks_per_node} "
+            "ranks on this node, one per card")
+
+
+def _check_cards(pf: Preflight, p: Profile, snap: GpuSnapshot, indexes: list[int]) -> None:
+    """Cards present but not usable (MIG, compute mode) and the driver against the host's torch."""
+    issues = card_verdicts(snap, indexes, p.service.unit)
+    if issues:
+        status = FAIL if any(st == "fail" for st, _ in issues) else WARN
+        pf.add("gpu-cards", status, "; ".join(d for _, d in sorted(issues, key=lambda i: i[0] != "fail")))
+    else:
+        read = [g for i in indexes if (g := snap.card(i)) is not None and (g.mig_mode or g.compute_mode)]
+        if read:
+            pf.add("gpu-cards", OK, "; ".join(f"{g.label}: MIG {g.mig_mode or 'not supported'}, compute mode "
+                                              f"{g.compute_mode or '?'}" for g in read))
+    drv = driver_verdict(snap)
+    if drv is not None:
+        pf.add("driver", drv[0], drv[1])
 
 
 def _imbalance(cards: list[CardRow]) -> str:
@@ -249,24 +244,43 @@ def check_models(pf: Preflight, p: Profile, mode: str, files: dict[str, bytes | 
     weights = memory.weights_bytes(target_cfg, index)
     pf.add("model", OK, f"{target.architecture or 'model'}: {target.layers} layers, {target.kv_heads} KV heads x "
                         f"{target.head_dim}, {weights / memory.GIB:.1f} GiB weights")
-    cfg = p.mode(mode)
+    _check_context(pf, p, target_cfg)
     draft_cfg, draft_shape, draft_weights = None, None, 0
     draft = _draft_path(p, mode)
     if draft:
         draft_cfg = _json(files.get(f"{draft}/config.json"))
         if draft_cfg is None:
-            pf.add("draft", FAIL, f"{draft}/config.json is missing or unreadable on the host")
+            pf.add("draft", FAIL, f"{draft}/config.json is missing or unreadable on the host "
+                                  f"(modes.{mode}.draft_model_path)")
             return
         draft_weights = memory.draft_weights_bytes(draft_cfg, target)
         draft_shape = memory.model_shape(draft_cfg)
-        if isinstance(cfg, (DflashMode, DDTreeShadowMode)):
-            _check_dflash_draft(pf, cfg, draft, draft_cfg, target_cfg)
-        else:
-            pf.add("draft", OK, f"{draft}: {draft_shape.layers}-layer draft")
+        _check_draft(pf, p, mode, draft, draft_cfg, target_cfg)
     pf.shapes = Shapes(target, weights, draft_shape, draft_weights)
     if p.parallel is not None:
         check_parallel(pf, p, mode)
     plan_memory(pf, p, _free_for_service(pf, p), max(len(pf.cards), 1))
+
+
+def _check_context(pf: Preflight, p: Profile, target_cfg: dict[str, Any]) -> None:
+    """memory.context_length past the model's: SGLang refuses it at start (ModelConfig, in the
+    main process, before any GPU work) unless SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN is set,
+    then only warns. 0.5.17's parser catches it too; 0.5.23's does not, so preflight checks it
+    itself."""
+    derived = memory.model_context_length(target_cfg)
+    want = p.memory.context_length
+    if derived is None or want <= derived:
+        return
+    flag = str(p.service.env.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "")).strip().lower()
+    said = (f"memory.context_length {want:,} is past the model's {derived:,} ({p.service.model_path}/config.json)")
+    if flag in ("1", "true", "yes", "on"):
+        pf.add("context", WARN, f"{said}; service.env sets SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN, so SGLang "
+                                "only warns ('may lead to incorrect model outputs or CUDA errors')")
+    else:
+        pf.add("context", FAIL, f"{said}: SGLang stops at start with 'User-specified context_length ({want}) is "
+                                f"greater than the derived context_length ({derived})'. Lower memory.context_length, "
+                                "or set SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in service.env if the model "
+                                "really extrapolates")
 
 
 def check_parallel(pf: Preflight, p: Profile, mode: str) -> None:
@@ -303,9 +317,9 @@ def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
     total = min((r.total_mib for r in pf.cards), default=pf.gpu.gpus[0].memory_total_mib
                 if pf.gpu and pf.gpu.gpus else p.gpu.memory_mib)
 
-    def at(tp: int) -> memory.MemoryPlan:
+    def at(tp: int, free: int = free_mib) -> memory.MemoryPlan:
         return memory.plan(
-            gpu_total_mib=total, free_mib=free_mib, target=shapes.target, weights=shapes.weights,
+            gpu_total_mib=total, free_mib=free, target=shapes.target, weights=shapes.weights,
             draft_cell=shapes.draft.cell_bytes(kv, tp) if shapes.draft else 0, draft_weights=shapes.draft_weights,
             mem_fraction_static=p.memory.mem_fraction_static, context_length=p.memory.context_length,
             concurrency=p.memory.max_running_requests, kv_cache_dtype=kv, page_size=p.memory.page_size,
@@ -329,6 +343,9 @@ def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
             # when the weights alone do not fit, more cards is the fix, not less context
             plan.suggestions.insert(0 if plan.tokens <= 0 else len(plan.suggestions), hint)
     pf.memory = plan
+    pf.free_mib = free_mib
+    if plan.problems:
+        _strays_take_the_pool(pf, p, plan, lambda free: at(z.tp_size, free))
     if plan.problems:
         fixes = "; or ".join(plan.suggestions) if plan.suggestions else "a smaller model, quantization or more GPUs"
         why = plan.problems[0] if plan.tokens <= 0 else "that does not fit"
@@ -344,6 +361,39 @@ def plan_memory(pf: Preflight, p: Profile, free_mib: int, cards: int) -> None:
         pf.checks.append(check)
 
 
+def _strays_take_the_pool(pf: Preflight, p: Profile, plan: memory.MemoryPlan,
+                          at: Any) -> None:
+    """A card taken by another process beyond the service's budget: when the pool does not fit
+    with what the other processes hold and would fit without them, they are the cause; the
+    `gpu-processes` warning becomes a refusal naming them and what to change."""
+    if pf.gpu is None:
+        return
+    cards = [c.index for c in p.cards()]
+    strays = pf.gpu.strays(p.service.unit, cards)
+    if not strays:
+        return
+    rows = pf.cards or [CardRow(0, g.name, g.memory_total_mib, g.memory_free_mib, 0, 0, "-") for g in pf.gpu.gpus[:1]]
+    freed = min(min(r.total_mib, r.free_for_service + sum(a.used_mib for a in strays
+                                                        if a.gpu_uuid == _uuid(pf.gpu, r.index)))
+                for r in rows)
+    without = at(freed)
+    if without.problems:
+        return
+    labels = {g.uuid: g.label for g in pf.gpu.gpus}
+    who = "; ".join(f"{labels.get(a.gpu_uuid, 'a card')}: pid {a.pid} {a.name or '?'} holds {a.used_mib:,} MiB "
+                    f"({a.unit or 'no unit'})" for a in strays)
+    pf.replace("gpu-processes", Check("gpu-processes", FAIL, (
+        f"{who}: beyond what the service can spare. With it the KV pool holds {plan.tokens:,} tokens, without it "
+        f"{without.tokens:,}; {p.memory.context_length:,} context x {p.memory.max_running_requests} requests "
+        f"need {plan.needed_tokens:,}. Stop {'it' if len(strays) == 1 else 'them'} (kill {' '.join(str(a.pid) for a in strays)}"
+        ") or choose other cards in gpus"), dict(strays=[a.__dict__ for a in strays])))
+
+
+def _uuid(snap: GpuSnapshot, index: int) -> str:
+    g = snap.card(index)
+    return g.uuid if g else ""
+
+
 def _free_for_service(pf: Preflight, p: Profile) -> int:
     """Free memory the new server will find on the least free of its cards: today's free plus what
     the service itself holds there (it is stopped by the restart); memory held by anything else
@@ -357,58 +407,46 @@ def _free_for_service(pf: Preflight, p: Profile) -> int:
     return min(gpu.memory_total_mib, gpu.memory_free_mib + ours)
 
 
-def _check_dflash_draft(pf: Preflight, cfg: DflashMode | DDTreeShadowMode, draft: str, draft_cfg: dict[str, Any],
-                        target_cfg: dict[str, Any]) -> None:
-    """The draft's captured layers against what the target architecture captures (one rule with
-    `diagnose HOST`: `draftcheck`), then its trained block size against the profile's."""
-    from ddtree_ops.draftcheck import check_target_layer_ids
-
-    layers = check_target_layer_ids(draft_cfg, target_cfg)
-    dflash = draft_cfg.get("dflash_config") or {}
-    block = draft_cfg.get("block_size") or dflash.get("block_size")
-    if layers.status == "fail":
-        pf.add("draft", FAIL, f"{draft}: {layers.detail} (a draft asking for them dies at the first request with "
-                              "'DFLASH target_hidden feature dim mismatch')")
-    elif block and int(block) != cfg.block_size:
-        pf.add("draft", FAIL, f"{draft}: the draft was trained with block_size {block}, the profile sets "
-                              f"{cfg.block_size} (--speculative-num-draft-tokens)")
-    elif layers.status == "warn":
-        pf.add("draft", WARN, f"{draft}: {layers.detail}")
-    else:
-        ids = list(layers.layer_ids or ())
-        pf.add("draft", OK, f"{draft}: DFlash draft, {len(ids)} captured target layers {ids}, block {block or cfg.block_size}")
-
-
-def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout,
-                 plugin_version: str) -> tuple[dict[str, Any] | None, str]:
-    """The launch flags through the host's own SGLang parser; the algorithm through its plugin loader.
-    A pass is cached on the host per (argv, sglang and plugin install) since importing SGLang takes
-    seconds. Returns the check's report, or None and why it could not run."""
+def _check_draft(pf: Preflight, p: Profile, mode: str, draft: str, draft_cfg: dict[str, Any],
+                 target_cfg: dict[str, Any]) -> None:
+    """The draft against the target, field by field as SGLang uses them (`draftcheck.check_compat`),
+    and for DFlash-family drafts the captured layers (one rule with `diagnose HOST`). One `draft`
+    line: the failures first, each naming both values and the profile keys."""
     cfg = p.mode(mode)
-    algo = cfg.algorithm if isinstance(cfg, DDTreeShadowMode) else ""
-    env = {"SGLANG_PLUGINS": "ddtree"} if algo else {}
-    args = list(rendered.argv[3:])
-    key = hashlib.sha256(json.dumps([args, algo, plugin_version if algo else ""]).encode()).hexdigest()[:16]
-    python = p.service.python
-    cache = f"{layout.root}/parser-ok"
-    check = shlex.join(remote.env_run(env, remote.python_run(python, SGLANG_CHECK, json.dumps(args), algo)))
-    # the cache key names the installed sglang and ddtree-ops dist-info directories, so a changed
-    # install (or the plugin deployed a moment ago) is checked afresh
-    script = (f'py={shlex.quote(python)}; sp="$(dirname "$py")"/../lib/python3*/site-packages; '
-              'd=$(ls -d $sp/sglang-*.dist-info 2>/dev/null | head -n1); '
-              'e=$(ls -d $sp/ddtree_ops-*.dist-info 2>/dev/null | head -n1); '
-              f'c={shlex.quote(cache)}/{key}-$(basename "$d" 2>/dev/null)-$(basename "$e" 2>/dev/null); '
-              'if [ -n "$d" ] && [ -f "$c" ]; then cat "$c"; exit 0; fi; '
-              f'out=$({check} 2>/dev/null); rc=$?; printf "%s\\n" "$out"; '
-              'case "$out" in *\'"parse": "ok"\'*) if [ -n "$d" ]; then mkdir -p "$(dirname "$c")" && '
-              'printf "%s\\n" "$out" > "$c"; fi;; esac; exit $rc')
-    res = host.run(["sh", "-c", script], sudo=True, timeout=180)
-    payload = res.stdout.rpartition("\x1d")[2].strip()
-    try:
-        return json.loads(payload), ""
-    except json.JSONDecodeError:
-        tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-        return None, f"{python} could not run SGLang's argument parser: {tail[0][:300]}"
+    key = f"modes.{mode}.draft_model_path"
+    dflash = isinstance(cfg, (DflashMode, DDTreeShadowMode))
+    block = cfg.block_size if dflash else None
+    found = check_compat(draft_cfg, target_cfg, algorithm=cfg.algorithm, num_draft_tokens=block, draft_key=key,
+                         target_key="service.model_path", block_key=f"modes.{mode}.block_size")
+    fails = [m.detail for m in found if m.status == FAIL]
+    warns = [m.detail for m in found if m.status == WARN]
+    layers = check_target_layer_ids(draft_cfg, target_cfg) if dflash else None
+    if layers is not None and layers.status == "fail":
+        fails.append(f"{layers.detail} (a draft asking for them dies at the first request with "
+                     f"'DFLASH target_hidden feature dim mismatch'; {key})")
+    elif layers is not None and layers.status == "warn" and not any(m.field == "num_target_layers" for m in found):
+        warns.append(layers.detail)
+    fields = [m.field for m in found]
+    if fails:
+        pf.add("draft", FAIL, f"{draft}: " + "; ".join(fails + warns), mismatches=fields)
+    elif warns:
+        pf.add("draft", WARN, f"{draft}: " + "; ".join(warns), mismatches=fields)
+    elif dflash:
+        dfl = draft_cfg.get("dflash_config") or {}
+        ids = list(layers.layer_ids or ()) if layers else []
+        trained = draft_cfg.get("block_size") or dfl.get("block_size") or block
+        pf.add("draft", OK, f"{draft}: DFlash draft, {len(ids)} captured target layers {ids}, block {trained}; "
+                            f"hidden {_field(draft_cfg, 'hidden_size')}, vocab {_field(draft_cfg, 'vocab_size')} "
+                            "as the target's")
+    else:
+        pf.add("draft", OK, f"{draft}: {_field(draft_cfg, 'num_hidden_layers')}-layer draft, hidden "
+                            f"{_field(draft_cfg, 'hidden_size')}, vocab {_field(draft_cfg, 'vocab_size')} "
+                            "as the target's")
+
+
+def _field(cfg: dict[str, Any], name: str) -> Any:
+    inner = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
+    return inner.get(name, cfg.get(name, "?"))
 
 
 def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, Any] | None, str],
@@ -427,6 +465,12 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
         pf.add("launch-flags", FAIL, f"sglang {doc['sglang']} refuses the launch flags: {doc.get('parse')}")
     else:
         pf.add("launch-flags", OK, f"accepted by sglang {doc['sglang']}'s own parser on the host")
+    if isinstance(p.mode(mode), (DflashMode, DDTreeShadowMode)):
+        found = doc.get("capture")
+        verdict = judge_capture(found if isinstance(found, dict) else None, doc["sglang"],
+                                list((found or {}).get("architectures") or []))
+        if verdict.status != "skip":
+            pf.add("capture", verdict.status, verdict.detail)
     if algo:
         from ddtree_ops.engine.sglang_settings import version_problem
 
@@ -467,6 +511,27 @@ def check_unit(pf: Preflight, res: Result, rendered: Rendered) -> None:
         pf.add("unit", FAIL, "systemd-analyze verify: " + ("; ".join(lines) or res.stderr.strip()[:300]))
     else:
         pf.add("unit", OK, f"systemd-analyze verify passes for {rendered.unit_name} on the host")
+
+
+def memory_preflight(host: Host, p: Profile, mode: str) -> Preflight:
+    """Only the GPU facts and the model checks (memory fit included), for measuring the fit
+    against a real start (bench/realsglang's memory probes): what `run_preflight` does with them,
+    without SGLang's parser or systemd-analyze."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pf = Preflight()
+    s = p.service
+    paths = [f"{s.model_path}/config.json", f"{s.model_path}/model.safetensors.index.json"]
+    draft = _draft_path(p, mode)
+    if draft:
+        paths.append(f"{draft}/config.json")
+    with ThreadPoolExecutor(2) as pool:
+        f_files = pool.submit(read_files, host, paths)
+        f_gpu = pool.submit(snapshot, host, s.python)
+        files = f_files.result()
+    check_gpu(pf, p, f_gpu.result())
+    check_models(pf, p, mode, files)
+    return pf
 
 
 def run_preflight(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout,

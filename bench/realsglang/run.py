@@ -14,9 +14,12 @@ sizes its KV pool from the GPU memory free when each starts. For every server th
   place of the unit, the server's log in place of the journal, `/health_generate` and the gate's
   smoke request through `LocalHost`; then `smoke`'s parsers and judge on the real answers;
 - for the `serve` group, measures decode throughput of DFLASH and DDTREE shadow side by side;
-- for `memory`, runs preflight's memory fit on the live GPU (`preflight.run_preflight` through
-  `LocalHost`: nvidia-smi, the model configs, SGLang's own parser) and reads the pool SGLang
-  allocated (`KV Cache is allocated. #tokens: N`);
+- for `memory`, runs preflight's memory fit on the live GPU (`preflight.memory_preflight` through
+  `LocalHost`: the GPU probe, the model configs) and reads the pool SGLang allocated (`KV Cache is
+  allocated. #tokens: N`); each probe file goes to `memory_probes/` in the bundle, the layout of
+  bench/results/memory_probes/;
+- for `refusals` (only when named), records preflight's verdict on settings it must refuse, then
+  starts the real server anyway with the same argv and keeps its failure log;
 - stops every server the way systemd stops a unit (SIGTERM to the whole process group), and runs
   `diagnose` on each log.
 
@@ -31,7 +34,6 @@ import argparse
 import concurrent.futures as cf
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -49,12 +51,12 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(HERE))
 
+from probes import gpu_facts, gpu_idle, memory_probe, refusal_verdict, refused_anyway, without_speculation  # noqa: E402
 from scenarios import GROUPS, SHARED_GPU_CAP, Scenario, model_configs  # noqa: E402
 
 DEFAULT_ROOT = Path("/tmp/rs")     # what h200.yaml and scenarios.py name; --root moves a dry run
 ROOT = DEFAULT_ROOT
 SITE = ROOT / "site"
-KV_LINE = re.compile(r"KV Cache is allocated\. .*#tokens: (\d+)")
 T0 = time.monotonic()
 
 
@@ -95,6 +97,7 @@ def setup(standin: bool) -> dict[str, Any]:
     text = (HERE / "h200.yaml").read_text().replace(str(DEFAULT_ROOT), str(ROOT))
     if standin:
         text = text.replace("/opt/torch/.venv/bin/python3", sys.executable)
+        standin_nvidia_smi()
     (profiles / "h200.yaml").write_text(text)
     os.environ["DDTREE_OPS_PROFILES"] = str(profiles)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), str(SITE)] + ([] if not standin else [os.environ.get("PYTHONPATH", "")]))
@@ -159,6 +162,8 @@ class Server:
 
         p, mode = self.profile, self.sc.mode
         argv = launch_argv(p, mode)
+        if self.sc.plain:
+            argv = without_speculation(argv)
         env = {**os.environ, **p.service.env, **mode_env(p, mode), **self.sc.env}
         self.result.update(argv=argv[1:], env={**p.service.env, **mode_env(p, mode), **self.sc.env})
         if standin:
@@ -236,6 +241,22 @@ class Server:
                 child.send_signal(signal.SIGKILL)
                 return f"killed pid {child.pid} ({title.strip()[:60]})"
         return "no scheduler process found"
+
+
+def standin_nvidia_smi() -> None:
+    """Local dry run: the lab's nvidia-smi stand-in on PATH (one simulated H200, nothing registered
+    on it), so preflight's GPU probe reads a card as it would on the device."""
+    work = ROOT / "standin-gpu"
+    (work / "bin").mkdir(parents=True, exist_ok=True)
+    (work / "gpu.json").write_text(json.dumps({"index": 0, "name": "NVIDIA H200", "uuid": "GPU-standin",
+                                               "memory_mib": 143771, "compute_cap": "9.0",
+                                               "driver_version": "580.159.04", "cuda_version": "13.0",
+                                               "pci_bus_id": "00000000:19:00.0"}))
+    tool = work / "bin" / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\nDDTREE_LAB_GPU_JSON={work}/gpu.json DDTREE_LAB_GPU_REGISTRY={work}/reg "
+                    f"PYTHONPATH={REPO} exec {sys.executable} -m ddtree_ops.lab.standin.nvidia_smi \"$@\"\n")
+    tool.chmod(0o755)
+    os.environ["PATH"] = f"{work / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def standin_launch(argv: list[str], env: dict[str, str], work: Path) -> tuple[list[str], dict[str, str]]:
@@ -356,43 +377,6 @@ def shadow_tax(servers: list[Server], host: Any, reps: int, tokens: int) -> dict
     return table
 
 
-# ------------------------------------------------------------------ memory probes
-
-
-def memory_probe(server: Server, host: Any, standin: bool) -> dict[str, Any]:
-    """Preflight's prediction on the live GPU, then the pool SGLang allocates, then stop."""
-    from ddtree_ops.preflight import run_preflight
-    from ddtree_ops.releases import Layout
-    from ddtree_ops.render import render
-
-    p, mode = server.profile, server.sc.mode
-    pf = run_preflight(host, p, mode, render(p, mode), Layout.for_service(p.service.state_dir, p.service.unit), "")
-    plan = pf.memory
-    out: dict[str, Any] = {"mfs": p.memory.mem_fraction_static, "model": p.service.model_path.rsplit("/", 1)[-1],
-                           "predicted_tokens": plan.tokens if plan else None,
-                           "free_mib": pf.gpu.gpus[0].memory_free_mib if pf.gpu and pf.gpu.gpus else None,
-                           "checks": {c.name: c.status for c in pf.checks}}
-    server.start(standin)
-    deadline = time.monotonic() + 300
-    real = None
-    while time.monotonic() < deadline and real is None:
-        m = KV_LINE.search(server.text())
-        if m:
-            real = int(m.group(1))
-        elif not server.alive():
-            break
-        time.sleep(0.5)
-    server.stop(timeout=20)
-    out["real_tokens"] = real
-    for key in ("Load weight begin. avail mem=", "Memory pool end. avail mem="):
-        m = re.search(re.escape(key) + r"([\d.]+) GB", server.text())
-        out[key.split(".")[0].lower().replace(" ", "_") + "_avail_gb"] = float(m.group(1)) if m else None
-    if real and plan and plan.tokens:
-        out["error_pct"] = round(100.0 * (plan.tokens - real) / real, 2)
-    say(f"MEMORY {server.sc.name}: predicted {out['predicted_tokens']} real {real} ({out.get('error_pct')}%)")
-    return out
-
-
 # ------------------------------------------------------------------ groups
 
 
@@ -411,14 +395,25 @@ def run_group(name: str, out: Path, host: Any, standin: bool, args: argparse.Nam
     scenarios = [sc for sc in GROUPS[name] if not args.only or sc.name in args.only]
     if not scenarios:
         return []
-    servers = [Server(sc, profile_for(sc, port0 + i, shared_gpu=name != "memory"), out / f"{sc.name}.log")
-               for i, sc in enumerate(scenarios)]
+    servers = [Server(sc, profile_for(sc, port0 + i, shared_gpu=name not in ("memory", "refusals")),
+                      out / f"{sc.name}.log") for i, sc in enumerate(scenarios)]
+    if name == "refusals":
+        # every verdict first (no refused server on the GPU while another preflight reads it), then
+        # the three servers at once
+        with cf.ThreadPoolExecutor(len(servers)) as pool:
+            verdicts = list(pool.map(lambda s: refusal_verdict(s, host, say), servers))
+            started = list(pool.map(lambda s: refused_anyway(s, standin, say), servers))
+        for s, verdict, run in zip(servers, verdicts, started):
+            s.result["refusal"] = {**verdict, **run}
+        return servers
     if name == "memory":
+        gpu_facts(host, out / "gpu_facts.txt")
         for s in servers:
             if time.monotonic() - T0 > args.budget_s:
                 s.result["skipped"] = "past the budget"
                 continue
-            s.result["memory"] = memory_probe(s, host, standin)
+            gpu_idle(host)
+            s.result["memory"] = memory_probe(s, host, standin, out / "memory_probes", say)
         return servers
     for s in servers:
         s.start(standin)

@@ -2,8 +2,8 @@
 environment, what the run does with the server, and the `diagnose` label its log should get.
 
 Models are configs and a tokenizer only (SGLang's `--load-format dummy` makes random weights):
-`tiny-qwen3` (4 layers, hidden 256) for serving, and the shapes of Qwen3-8B and Qwen3-1.7B for the
-memory table. With random weights a draft never matches its target, so the serving scenarios use
+`tiny-qwen3` (4 layers, hidden 256) for serving, and the shapes of Qwen3-1.7B, Qwen3-8B and
+Qwen3-32B for the memory table. With random weights a draft never matches its target, so the serving scenarios use
 SGLang's own benchmark knob `SGLANG_SIMULATE_ACC_LEN` (real draft tokens are committed up to the
 forced length): acceptance is then above 1 and the smoke check and shadow accounting see
 realistic rounds, in every arm alike.
@@ -41,6 +41,8 @@ class Scenario:
     extra_requests: int = 0             # batches of 8 x 64 tokens after the smoke check
     kill_in_stay: float = 0.0           # SIGKILL the scheduler this long into the stay window
     cli_smoke: bool = False             # also run `ddtree-ops smoke h200 --json` against it
+    plain: bool = False                 # memory probes: the rendered argv without its --speculative-* flags
+    refuse_key: str = ""                # refusals: the profile key preflight's refusal must name
 
 
 def _8b(mfs: float, model: str = "qwen3-8b") -> tuple[str, ...]:
@@ -83,13 +85,38 @@ GROUPS: dict[str, list[Scenario]] = {
         Scenario("crash_after_ready", "DFLASH; the scheduler process is SIGKILLed 2 s into the stay window",
                  "dflash", "host_oom", sets=("gate.stay_healthy_s=15",), env=SIMULATE, kill_in_stay=2.0),
     ],
+    # Issue 21: every row of the memory table from a probe whose raw output is committed
+    # (bench/results/memory_probes/). One start each (SGLang sizes the pool from the memory free
+    # at its own start), stopped once the pools are allocated; the new coverage first, then the
+    # two run-4 probes whose logs were not kept (same settings). Run 4's mem_1p7b_30 is committed
+    # with its log and is not run again.
     "memory": [
-        *[Scenario(f"mem_8b_{int(m * 100)}", f"memory probe: Qwen3-8B shape + 5-layer DFlash draft, mfs {m}",
-                   "dflash", "healthy", sets=_8b(m)) for m in (0.5, 0.7, 0.85)],
-        *[Scenario(f"mem_1p7b_{int(m * 100)}", f"memory probe: Qwen3-1.7B shape + 2-layer DFlash draft, mfs {m}",
-                   "dflash", "healthy", sets=_8b(m, "qwen3-1.7b")) for m in (0.3, 0.6, 0.9)],
+        Scenario("mem_1p7b_90_plain", "memory probe: Qwen3-1.7B shape, no draft, mfs 0.9", "dflash", "healthy",
+                 sets=_8b(0.9, "qwen3-1.7b"), plain=True),
+        Scenario("mem_32b_80", "memory probe: Qwen3-32B shape + 5-layer DFlash draft, mfs 0.8", "dflash", "healthy",
+                 sets=_8b(0.8, "qwen3-32b")),
+        Scenario("mem_8b_70_plain", "memory probe: Qwen3-8B shape, no draft, mfs 0.7", "dflash", "healthy",
+                 sets=_8b(0.7), plain=True),
+        Scenario("mem_8b_85", "memory probe: Qwen3-8B shape + 5-layer DFlash draft, mfs 0.85", "dflash", "healthy",
+                 sets=_8b(0.85)),
+        Scenario("mem_1p7b_60", "memory probe: Qwen3-1.7B shape + 2-layer DFlash draft, mfs 0.6", "dflash",
+                 "healthy", sets=_8b(0.6, "qwen3-1.7b")),
+    ],
+    # Not run by default (name it): settings preflight refuses, started anyway with the same rendered
+    # argv to record what real SGLang does with them (for diagnose). All three at once, each stopped
+    # when it dies or after REFUSAL_WAIT_S. Labels are left to a person reading the logs, except the
+    # context length, which 0.5.17 refuses while resolving its server args.
+    "refusals": [
+        Scenario("refuse_gpus1", "gpus [1] on the one-card H200 (CUDA_VISIBLE_DEVICES=1)", "dflash", "",
+                 sets=("gpus=[1]",), refuse_key="gpus"),
+        Scenario("refuse_tp2", "parallel.tp_size 2 with gpus [0, 1] on the one-card H200", "dflash", "",
+                 sets=("parallel.tp_size=2", "gpus=[0, 1]"), refuse_key="gpus"),
+        Scenario("refuse_context", "memory.context_length 50000 past tiny-qwen3's 4096 (no override in service.env)",
+                 "dflash", "bad_launch_flags", sets=("memory.context_length=50000",),
+                 refuse_key="memory.context_length"),
     ],
 }
+REFUSAL_WAIT_S = 90.0
 
 
 def _qwen3(tiny: dict[str, Any], *, hidden: int, inter: int, layers: int, heads: int, kv: int, tie: bool) -> dict[str, Any]:
@@ -120,6 +147,7 @@ def model_configs() -> dict[str, dict[str, Any]]:
     last["dflash_config"]["target_layer_ids"] = [1, 3]
     q8 = _qwen3(tiny, hidden=4096, inter=12288, layers=36, heads=32, kv=8, tie=False)
     q17 = _qwen3(tiny, hidden=2048, inter=6144, layers=28, heads=16, kv=8, tie=True)
+    q32 = _qwen3(tiny, hidden=5120, inter=25600, layers=64, heads=64, kv=8, tie=False)
     index = (HERE.parents[1] / "ddtree_ops" / "lab" / "fixtures" / "Qwen3-8B" / "model.safetensors.index.json").read_text()
     return {
         "tiny-qwen3": {"config.json": tiny},
@@ -129,4 +157,7 @@ def model_configs() -> dict[str, dict[str, Any]]:
         "qwen3-8b-dflash": {"config.json": _draft(q8, tiny_draft, layers=5, ids=[1, 9, 17, 25, 33], block=16)},
         "qwen3-1.7b": {"config.json": q17},
         "qwen3-1.7b-dflash": {"config.json": _draft(q17, tiny_draft, layers=2, ids=[1, 13, 25], block=16)},
+        # ids: SGLang's default formula for 5 draft layers on 64 (dflash_utils.build_target_layer_ids)
+        "qwen3-32b": {"config.json": q32},
+        "qwen3-32b-dflash": {"config.json": _draft(q32, tiny_draft, layers=5, ids=[1, 16, 31, 46, 61], block=16)},
     }

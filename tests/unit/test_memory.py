@@ -64,3 +64,32 @@ def test_weights_prefer_the_checkpoint_index() -> None:
     assert memory.weights_bytes(QWEN3_8B, {"metadata": {"total_size": 123}}) == 123
     estimate = memory.weights_bytes(QWEN3_8B, None)
     assert abs(estimate - 16_381_470_720) / 16_381_470_720 < 0.02  # shapes give Qwen3-8B's real size
+
+
+def test_plan_from_configs_is_what_preflight_predicts() -> None:
+    """The memory table and its test predict with `plan_from_configs`; preflight with its own
+    shapes. Both must give the same pool for the same configs, cards and settings."""
+    import json
+    from pathlib import Path
+
+    from ddtree_ops.preflight import Preflight, check_models
+    from ddtree_ops.profile import load_profile
+
+    fix = Path(__file__).resolve().parents[2] / "ddtree_ops" / "lab" / "fixtures"
+    target = json.loads((fix / "Qwen3-8B" / "config.json").read_text())
+    index = json.loads((fix / "Qwen3-8B" / "model.safetensors.index.json").read_text())
+    draft = json.loads((fix / "Qwen3-8B-DFlash-b16" / "config.json").read_text())
+    for tp in (1, 2):
+        p = load_profile("ct200", overrides=[f"parallel.tp_size={tp}", f"gpus={list(range(tp))}",
+                                             f"gpu.count={tp}"])
+        files = {f"{p.service.model_path}/config.json": json.dumps(target).encode(),
+                 f"{p.service.model_path}/model.safetensors.index.json": json.dumps(index).encode(),
+                 f"{p.modes.dflash.draft_model_path}/config.json": json.dumps(draft).encode()}
+        pf = Preflight()
+        check_models(pf, p, "dflash", files)
+        assert pf.memory is not None and pf.free_mib is not None
+        ours = memory.plan_from_configs(target, index=index, draft_cfg=draft, gpu_total_mib=p.gpu.memory_mib,
+                                        free_mib=pf.free_mib, mem_fraction_static=p.memory.mem_fraction_static,
+                                        kv_cache_dtype=p.memory.kv_cache_dtype, page_size=p.memory.page_size, tp=tp)
+        assert (ours.tokens, ours.cell_bytes, ours.weights_gib) == (pf.memory.tokens, pf.memory.cell_bytes,
+                                                                   pf.memory.weights_gib), tp

@@ -94,6 +94,48 @@ def test_draft_layer_out_of_range_and_missing_ids() -> None:
     assert draft_check(None).status == "warn"
 
 
-def test_draft_block_size_must_match_the_profile() -> None:
+def test_draft_block_size_other_than_the_profiles_warns() -> None:
+    """SGLang 0.5.17 and 0.5.23 only warn ('DFLASH block size mismatch') and draft the profile's
+    count, so preflight warns too (issue 21: FAIL only where SGLang would die)."""
     check = draft_check([0, 2], block=8)
-    assert check.status == FAIL and "block_size 8" in check.detail
+    assert check.status == "warn" and "block_size 8" in check.detail
+
+
+# ------------------------------------------------------------------ context length against the model's
+
+
+def context_check(ctx: int, *, allow: bool, rope: dict[str, Any] | None = None) -> Any:
+    fix = Path(__file__).resolve().parents[2] / "ddtree_ops" / "lab" / "fixtures"
+    target = json.loads((fix / "Qwen3-8B" / "config.json").read_text())  # max_position_embeddings 40960
+    if rope is not None:
+        target["rope_scaling"] = rope
+    sets = [f"memory.context_length={ctx}", "memory.max_running_requests=1"]
+    if not allow:
+        sets.append("service.env={}")
+    p = load_profile("ct200", overrides=sets)
+    pf = Preflight()
+    check_models(pf, p, "nextn", {f"{p.service.model_path}/config.json": json.dumps(target).encode(),
+                                  f"{p.modes.nextn.draft_model_path}/config.json":
+                                      (fix / "Qwen3-8B-NextN" / "config.json").read_bytes()})
+    return next((c for c in pf.checks if c.name == "context"), None)
+
+
+def test_context_past_the_model_is_refused_naming_the_key_and_both_values() -> None:
+    """What 0.5.17 raises in ModelConfig at start (0.5.23's parser lets it through on a CPU box)."""
+    check = context_check(50000, allow=False)
+    assert check is not None and check.status == FAIL
+    assert "memory.context_length 50,000 is past the model's 40,960" in check.detail
+    assert "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 in service.env" in check.detail
+
+
+def test_context_past_the_model_with_sglangs_override_only_warns() -> None:
+    check = context_check(65536, allow=True)  # ct200 as shipped
+    assert check is not None and check.status == "warn"
+
+
+def test_context_within_the_model_and_rope_scaling_as_sglang_reads_it() -> None:
+    assert context_check(40960, allow=False) is None
+    assert context_check(131072, allow=False, rope={"rope_type": "yarn", "factor": 4.0}) is None  # 163,840
+    kept = context_check(131072, allow=False, rope={"rope_type": "yarn", "factor": 4.0,
+                                                    "original_max_position_embeddings": 32768})
+    assert kept is not None and kept.status == FAIL  # SGLang then keeps max_position_embeddings

@@ -65,9 +65,10 @@ GPU_FIELDS: dict[str, Field] = {
     "clocks.mem": ("clocks.current.memory", "MHz", lambda x: "8000" if x.busy else "405"),
     "clocks.current.memory": ("clocks.current.memory", "MHz", lambda x: "8000" if x.busy else "405"),
     "persistence_mode": ("persistence_mode", "", lambda x: "Enabled"),
-    "compute_mode": ("compute_mode", "", lambda x: "Default"),
+    "compute_mode": ("compute_mode", "", lambda x: x.card.compute_mode),
     "display_active": ("display_active", "", lambda x: "Disabled"),
-    "mig.mode.current": ("mig.mode.current", "", lambda x: "[N/A]"),
+    "mig.mode.current": ("mig.mode.current", "", lambda x: x.card.mig_mode),
+    "mig.mode.pending": ("mig.mode.pending", "", lambda x: x.card.mig_pending),
     "ecc.mode.current": ("ecc.mode.current", "", lambda x: "Disabled"),
 }
 
@@ -124,6 +125,13 @@ def _row(a: str, b: str, c: str) -> str:
         c.rjust(_WIDTHS[2])[:_WIDTHS[2]] + "|"
 
 
+_TABLE_MODE = {"Exclusive_Process": "E. Process", "Exclusive_Thread": "E. Thread"}  # the table's short forms
+
+
+def _mig(mode: str) -> str:
+    return "N/A" if "N/A" in mode else mode
+
+
 def table(ctxs: list[Ctx]) -> str:
     ctx = ctxs[0]
     c = ctx.card
@@ -142,8 +150,8 @@ def table(ctxs: list[Ctx]) -> str:
         out += [_row(f"{c.index:>4}  {name:<29}  On  ", f"{c.pci_bus_id:>19} Off ", "Off "),
                 _row(f" 30%   {GPU_FIELDS['temperature.gpu'][2](x)}C    {GPU_FIELDS['pstate'][2](x)}"
                      f"{int(float(GPU_FIELDS['power.draw'][2](x))):>15}W / {c.power_limit_w:>4}W ",
-                     f"{x.used:>8}MiB / {c.memory_mib:>6}MiB ", "   0%      Default "),
-                "|                                         |                        |                  N/A |",
+                     f"{x.used:>8}MiB / {c.memory_mib:>6}MiB ", f"   0%  {_TABLE_MODE.get(c.compute_mode, c.compute_mode):>11} "),
+                f"|                                         |                        |{_mig(c.mig_mode):>21} |",
                 bar]
     out += [" " * 89,
            "+-----------------------------------------------------------------------------------------+",

@@ -33,6 +33,10 @@ class Card:
     cuda_version: str
     pci_bus_id: str
     power_limit_w: int
+    # what nvidia-smi reports for the card's modes (lab faults: a MIG-enabled or exclusive card)
+    mig_mode: str = "[N/A]"  # Enabled | Disabled | [N/A] (a card without MIG)
+    mig_pending: str = "[N/A]"
+    compute_mode: str = "Default"  # Default | Exclusive_Process | Prohibited
 
     @property
     def arch(self) -> str:
@@ -81,7 +85,9 @@ def _card(raw: dict) -> Card:
     return Card(index=int(raw.get("index", 0)), name=raw["name"], uuid=raw["uuid"], memory_mib=int(raw["memory_mib"]),
                 compute_cap=str(raw["compute_cap"]), driver_version=str(raw["driver_version"]),
                 cuda_version=str(raw.get("cuda_version", "12.8")), pci_bus_id=raw.get("pci_bus_id", "00000000:01:00.0"),
-                power_limit_w=int(raw.get("power_limit_w", 300)))
+                power_limit_w=int(raw.get("power_limit_w", 300)), mig_mode=str(raw.get("mig_mode", "[N/A]")),
+                mig_pending=str(raw.get("mig_pending", raw.get("mig_mode", "[N/A]"))),
+                compute_mode=str(raw.get("compute_mode", "Default")))
 
 
 def pid_alive(pid: int) -> bool:
