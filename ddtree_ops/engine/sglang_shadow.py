@@ -39,8 +39,8 @@ SILENT = "DDTREE shadow: no round accounted in %d verify rounds (%s); shadow acc
 REGISTERED = "DDTREE registered as DFlash-family, hidden capture layers %s"
 NO_CAPTURE = ("DDTREE worker started without target hidden capture (SGLang resolved no dflash_target_layer_ids): "
               "DDTREE did not answer as DFlash-family; the server fails at the first request")
-PATH_GRAPH = ("DDTREE shadow: top-%d taken inside the draft's CUDA graph with DFlash's head (%s selection), "
-              "copied out on sampled rounds")
+PATH_GRAPH = ("DDTREE shadow: top-%d taken inside the draft's CUDA graph with DFlash's head, copied out on "
+              "sampled rounds")
 PATH_EAGER = "DDTREE shadow: top-K taken on the eager draft head on sampled rounds (%s)"
 
 
@@ -199,7 +199,7 @@ class ShadowWorkerMixin:
             st.say_path("eager", PATH_EAGER, why)
             return sampler
         st.folded = folded
-        st.say_path("graph", PATH_GRAPH, folded.k, folded.path)
+        st.say_path("graph", PATH_GRAPH, folded.k)
         return folded
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states: Any, lm_head: Any,

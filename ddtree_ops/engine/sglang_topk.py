@@ -120,7 +120,10 @@ def fold_topk(sampler: Any, budget: int) -> tuple[Any, str]:
         return None, why
     from ddtree_ops.engine.tree import fused_available
 
-    return FoldedTopK(sampler, budget, triton=fused_available(sampler.weight.device)), ""
+    triton = fused_available(sampler.weight.device)
+    if sampler.weight.is_cuda and not triton:
+        logger.warning("DDTREE shadow: Triton cannot be imported; the torch top-K runs in the draft graph")
+    return FoldedTopK(sampler, budget, triton=triton), ""
 
 
 def head_rows(lm_head: Any, vocab: int | None) -> Any:

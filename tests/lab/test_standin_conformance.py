@@ -55,12 +55,23 @@ RUNS = {
     "4_layers_last": ("4_summary.json", "failures/layers_last", [1, 3]),
     "4_kv_too_small": ("4_summary.json", "failures/kv_too_small", None),
     "5_dflash": ("5_summary.json", "serve/dflash", None),
-    "5_ddtree_s025": ("5_summary.json", "serve/ddtree_s025", None),
 }
+# Run 6 (issue 22: bench/realsglang/run.py tax, the Qwen3-8B shape; docs/realsglang.md says how its
+# logs are copied here): replayed as soon as they are committed. Their DDTREE arms are the plugin
+# of this tree (the top-K in the draft graph, exact greedy accounting); the stand-in's shadow
+# lines must follow them.
+RUN6 = {
+    "6_tax_dflash": ("6_summary.json", "tax/dflash", None),
+    "6_tax_ddtree_s025": ("6_summary.json", "tax/ddtree_s025", None),
+    "6_tax_ddtree_s100": ("6_summary.json", "tax/ddtree_s100", None),
+}
+RUNS.update({log: run for log, run in RUN6.items() if (REAL / f"{log}.log").exists()})
 # real logs the stand-in does not replay, and why
 NOT_REPLAYED = {
     "3_ddtree_s025_shared_gpu": "three other real servers held the GPU's memory",
     "4_ddtree_s025": "the plugin before the TARGET_VERIFY fix; the stand-in runs the plugin of this tree",
+    "5_ddtree_s025": "the plugin before issue 22 (DFlash's head kept eager, lower-bound reports only); the stand-in "
+                     "runs the plugin of this tree, which folds the top-K into DFlash's graph",
     "4_crash_after_ready": "the runner SIGKILLed the real scheduler mid-window (the lab's crash fault covers it)",
     "4_mem_1p7b_30": "a Qwen3-1.7B shape: preflight's memory table holds it (BENCHMARKS.md), not the stand-in",
     "5_ddtree_s100": "the same run as 5_ddtree_s025 at share 1.0",
