@@ -159,7 +159,13 @@ def tax_scenarios() -> list[Scenario]:
         ddtree("ddtree_s000", 0.0, "DDTREE, share 0: hooks on, nothing sampled", quiet),
         ddtree("ddtree_s025", 0.25, "DDTREE shadow, share 0.25", {}),
         ddtree("ddtree_s100", 1.0, "DDTREE shadow, share 1.0", {}),
+        # issue 22 item 4, not in the default set: the accounting on a thread of its own
+        ddtree("ddtree_s100_thread", 1.0, "DDTREE shadow, share 1.0, accounting on its own thread",
+               {"DDTREE_SHADOW_ACCOUNT_THREAD": "1"}),
     ]
+
+
+TAX_DEFAULT = ("dflash", "dflash_twin", "ddtree_s000", "ddtree_s025", "ddtree_s100")
 
 
 # ------------------------------------------------------------------ issue 23: the shadow's verdict (truth.py)

@@ -35,7 +35,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import arms  # noqa: E402
-from scenarios import MODELS, TAX_EXTRA, tax_scenarios  # noqa: E402
+from scenarios import MODELS, TAX_DEFAULT, TAX_EXTRA, tax_scenarios  # noqa: E402
 
 BATCHES = (1, 8)
 BUNDLE = "tax.tar.gz"
@@ -69,9 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=10, help="at most this many reps (fewer if the budget ends first)")
     ap.add_argument("--tokens", type=int, default=512, help="new tokens per request")
     ap.add_argument("--ready-s", type=float, default=240.0, help="how long the servers may take to start")
+    ap.add_argument("--arms", type=lambda v: tuple(v.split(",")), default=TAX_DEFAULT, metavar="NAME,...",
+                    help=f"arms to run (default {','.join(TAX_DEFAULT)}; also ddtree_s100_thread)")
     args = ap.parse_args(argv)
+    known = {sc.name: sc for sc in tax_scenarios()}
+    unknown = [a for a in args.arms if a not in known]
+    if unknown or "dflash" not in args.arms:
+        ap.error(f"--arms: {', '.join(unknown) or 'dflash is the reference and must run'} "
+                 f"(known: {', '.join(known)})")
+    scenarios = [known[a] for a in args.arms]
     host, info, logs = arms.init(args, "tax")
-    scenarios = tax_scenarios()
     config = json.loads((args.root / "models" / "qwen3-8b" / "config.json").read_text())
     doc: dict[str, Any] = {"gpu": arms.gpu_name(info), "sglang": arms.sglang_version(info, args.standin),
                            "model": MODEL, "params_b": params_b(config), "tokens": args.tokens, "reps": 0,

@@ -23,6 +23,7 @@ LABELS = {
     "ddtree_s000": "DDTREE, share 0 (hooks on, nothing sampled)",
     "ddtree_s025": "DDTREE shadow, share 0.25",
     "ddtree_s100": "DDTREE shadow, share 1.0",
+    "ddtree_s100_thread": "DDTREE shadow, share 1.0, accounting thread",
 }
 CHECKS = (  # (arm, lowest ratio, what it checks)
     ("dflash_twin", 0.98, "A/A twin within 2% of DFLASH"),

@@ -20,10 +20,15 @@ Requests are SGLang `Req` objects, read duck-typed: `origin_input_ids`, `output_
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from typing import Any
 
 from ddtree_ops.engine.shadow import OnlineShadow, greedy_walk
+
+logger = logging.getLogger("ddtree_ops.engine.sglang")
+MISALIGNED = ("DDTREE shadow: a sampled round's root is not where the request's committed tokens put it (position %d, "
+              "prompt %d, %d outputs): its exact figure is dropped; further such rounds are counted in dropped=")
 
 
 class PendingTree:
@@ -92,10 +97,9 @@ class HorizonBook:
         while trees:
             t = trees[0]
             i = t.root_pos - origin
-            if 0 <= i < len(out) and int(out[i]) != t.root_token:
-                self.misaligned += 1
-                self.acct.drop()
-            elif i < 0:
+            if i < 0 or (i < len(out) and int(out[i]) != t.root_token):
+                if not self.misaligned:
+                    logger.warning(MISALIGNED, t.root_pos, origin, len(out))
                 self.misaligned += 1
                 self.acct.drop()
             else:
