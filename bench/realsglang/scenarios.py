@@ -48,11 +48,13 @@ def _8b(mfs: float, model: str = "qwen3-8b") -> tuple[str, ...]:
             "modes.dflash.block_size=16", f"memory.mem_fraction_static={mfs}", "memory.cuda_graph=false")
 
 
+# `serve`'s tax arms measure tiny-qwen3 side by side: a check that the arms serve and account, not
+# the tax (docs/realsglang.md: idle servers spinning, a host-bound model); tax.py measures that.
 GROUPS: dict[str, list[Scenario]] = {
     "serve": [
         Scenario("dflash", "DFLASH, the in-graph draft head", "dflash", "healthy", env=SIMULATE, tax_arm="dflash"),
         Scenario("dflash_eager", "DFLASH with the draft head kept eager (SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1), "
-                 "as DDTREE shadow keeps it", "dflash", "healthy",
+                 "as DDTREE shadow kept it before issue 22", "dflash", "healthy",
                  env={**SIMULATE, "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1"}, tax_arm="dflash-eager-head"),
         # issue 14: the single-GPU path of the multi-GPU code, rendered through the parallel and gpus
         # fields (--tp-size 1, CUDA_VISIBLE_DEVICES=0); real TP=2 needs a machine with several GPUs

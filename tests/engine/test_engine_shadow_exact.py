@@ -238,3 +238,16 @@ def test_verdict_from_exact_rounds_weighs_the_tree_against_its_cost() -> None:
     rep = run(gain, 1.05)
     assert rep.cost_ratio == 1.05 and rep.tau_tree / rep.tau_chain_sampled == pytest.approx(
         sum(t for _, t in gain) / sum(c for c, _ in gain))
+
+
+def test_cost_ratio_is_the_env_or_the_measured_default() -> None:
+    """The default is read off the committed verify-cost table (bench/results/engine.md): a tree of
+    B + 1 tokens against the chain's block, never below 1."""
+    from ddtree_ops.engine.sglang_settings import COST_FROM_BENCH, COST_FROM_ENV, cost_ratio, default_cost_ratio, read_settings
+
+    assert default_cost_ratio(16, 16) == pytest.approx(15.3 / 14.0, abs=1e-3)       # N = 17 against 16
+    assert default_cost_ratio(128, 16) == pytest.approx(16.9 / 14.0, abs=1e-3)
+    assert default_cost_ratio(15, 16) == 1.0                                        # as many tokens as the chain
+    assert default_cost_ratio(32, 16) < default_cost_ratio(256, 16) < default_cost_ratio(1024, 16)
+    assert cost_ratio(read_settings({})[0], 16, 16) == (default_cost_ratio(16, 16), COST_FROM_BENCH)
+    assert cost_ratio(read_settings({"DDTREE_VERIFY_COST_RATIO": "1.3"})[0], 16, 16) == (1.3, COST_FROM_ENV)
