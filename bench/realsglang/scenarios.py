@@ -175,13 +175,15 @@ TAX_DEFAULT = ("dflash", "dflash_twin", "ddtree_s000", "ddtree_s025", "ddtree_s1
 # acceptance knob, trained weights (no --load-format dummy outside the stand-in).
 
 
-def truth_scenarios(pair: str, block: int, budget: int, cost_env: dict[str, str]) -> list[Scenario]:
+def truth_scenarios(pair: str, block: int, budget: int, cost_env: dict[str, str],
+                    context: int = 2048) -> list[Scenario]:
     """DFLASH and DDTREE shadow at shares 0.25 and 1.0, greedy; DFLASH and DDTREE at 1.0 with
-    temperature (the request decides: each server gets one kind, so its own counters are clean)."""
+    temperature (the request decides: each server gets one kind, so its own counters are clean).
+    `context`: the server's context length, at most what the trained target was made for."""
     def sets(mode: str) -> tuple[str, ...]:
         return (f"service.model_path={pair}/target", f"modes.{mode}.draft_model_path={pair}/draft",
                 f"modes.{mode}.block_size={block}", "memory.mem_fraction_static=0.88", "memory.cuda_graph=true",
-                "memory.cuda_graph_max_bs=8")
+                "memory.cuda_graph_max_bs=8", f"memory.context_length={context}")
 
     def ddtree(name: str, share: float, about: str) -> Scenario:
         return Scenario(name, about, "ddtree-shadow", "healthy",

@@ -172,6 +172,11 @@ def main(argv: list[str] | None = None) -> int:
     block = block_of(draft)
     if args.budget < block - 1:
         raise SystemExit(f"--budget {args.budget} is below the draft horizon {block - 1}")
+    context = min(2048, int(target.get("max_position_embeddings") or 2048))
+    longest = max(len(p) for p in prompts) + args.max_new + block
+    if longest > context:
+        raise SystemExit(f"{args.pair / 'prompts.json'}: the longest prompt plus --max-new {args.max_new} "
+                         f"({longest} tokens) exceeds the target's context {context}")
     host, info, logs = arms.init(args, "truth")
     engine = engine_run(args, logs)
     measured = engine_cost_ratio(engine)
@@ -183,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         ratio, source = None, "the plugin's measured default (engine-bench-h200-qwen3-8b)"
     cost_env = {"DDTREE_VERIFY_COST_RATIO": str(ratio)} if ratio is not None else {}
     arms.say(f"COST RATIO {ratio} ({source})")
-    scenarios = truth_scenarios(str(args.pair), block, args.budget, cost_env)
+    scenarios = truth_scenarios(str(args.pair), block, args.budget, cost_env, context)
     summary: dict[str, Any] = {"environment": info, "groups": {}, "engine": engine, "cost_ratio": ratio,
                                "cost_ratio_source": source}
     drop = () if args.standin else ("--load-format",)
