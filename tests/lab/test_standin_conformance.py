@@ -60,12 +60,13 @@ RUNS = {
 # logs are copied here): replayed as soon as they are committed. Their DDTREE arms are the plugin
 # of this tree (the top-K in the draft graph, exact greedy accounting); the stand-in's shadow
 # lines must follow them.
-RUN6 = {
-    "6_tax_dflash": ("6_summary.json", "tax/dflash", None),
-    "6_tax_ddtree_s025": ("6_summary.json", "tax/ddtree_s025", None),
-    "6_tax_ddtree_s100": ("6_summary.json", "tax/ddtree_s100", None),
-}
+RUN6 = {f"6_tax_{arm}": ("6_summary.json", f"tax/{arm}", None)
+        for arm in ("dflash", "dflash_twin", "ddtree_s000", "ddtree_s025", "ddtree_s100")}
 RUNS.update({log: run for log, run in RUN6.items() if (REAL / f"{log}.log").exists()})
+# Run 7 (issue 23, bench/realsglang/truth.py): a trained pair whose weights the repository does not
+# hold; tests/engine/test_real_shadow_0517.py reads its logs instead
+TRUTH_LOGS = {p.stem: "the trained pair's weights are not in the repository (the stand-in serves configs only)"
+              for p in REAL.glob("7_truth_*.log")}
 # runs recorded with the plugin before issue 22, which kept DFlash's draft head eager (no "DFLASH
 # draft greedy head folded" line) and printed its shadow lines in their old form; the stand-in runs
 # this tree's plugin, so those lines are left out of both logs for these runs (every other
@@ -81,6 +82,7 @@ NOT_REPLAYED = {
     "4_crash_after_ready": "the runner SIGKILLed the real scheduler mid-window (the lab's crash fault covers it)",
     "4_mem_1p7b_30": "a Qwen3-1.7B shape: preflight's memory table holds it (BENCHMARKS.md), not the stand-in",
     "5_ddtree_s100": "the same run as 5_ddtree_s025 at share 1.0",
+    **TRUTH_LOGS,
 }
 _START = re.compile(r"^\[\d+s\] START (\S+) port=\d+ env=(.*?) args: (.*)$")
 _CLIENT = re.compile(r"^\[\d+s\] CLIENT (\S+): (.*)$")
