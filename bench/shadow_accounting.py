@@ -10,6 +10,16 @@ constant-memory totals (`BoundTally`). Both are timed here on identical inputs, 
 the tree and the bound checked equal; memory is what the accounting keeps (tracemalloc over 2,000 rounds, scaled to 10,000).
 The copies to the host are not part of either figure: the worker now starts them without waiting
 and accounts a round once its event has completed, where the old path synchronised on `.cpu()`.
+
+    python bench/shadow_accounting.py --serving [--json FILE]
+
+times the whole host side of a sampled round as the SGLang worker now runs it on the scheduler's
+thread (issue 22): the round's parts packed and copied in one go (`RoundTransfer`, CPU tensors
+here), then `InlineAccountant.account` (one `tolist`, the heap tree per row, the bound, the tree
+kept for the greedy walk) and `HorizonBook.resolve` (the walk, once the continuation is
+committed), block 16 (L = 15) as the Qwen3-8B-shape runs use. What it costs at share 1.0 against
+a verify round of the 8B shape (about 10 ms at batch 1) says whether the accounting has to leave
+the scheduler's thread (DDTREE_SHADOW_ACCOUNT_THREAD).
 """
 
 from __future__ import annotations
@@ -84,11 +94,70 @@ def retained_bytes(make: Any, args: tuple[Any, ...], rounds: int) -> int:
     return used
 
 
+class _Req:
+    """A greedy request whose committed continuation is already known (the walk decides at once)."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.origin_input_ids, self.output_ids = [0], tokens
+        self.sampling_params = type("P", (), {"top_k": 1, "temperature": 1.0})()
+
+    def finished(self) -> bool:
+        return False
+
+
+def serving(rounds: int) -> list[dict[str, Any]]:
+    from ddtree_ops.engine.sglang_account import InlineAccountant, RoundMeta
+    from ddtree_ops.engine.sglang_transfer import RoundTransfer
+
+    horizon, vocab, out = 15, 4096, []
+    for bs in (1, 8):
+        for budget in (16, 64):
+            k = min(budget, vocab)
+            toks, scores, cands, acc, bonus = inputs(bs, horizon, k, vocab, seed=bs * 7 + budget)
+            commit = (acc + 1).to(torch.int32)
+            # each row's continuation: its chain's accepted drafts and the bonus, then more chain
+            reqs = [_Req([0] + cands[b, 1:int(acc[b]) + 1].tolist() + [int(bonus[b])] + cands[b, 1:].tolist())
+                    for b in range(bs)]
+            prefix = torch.ones(bs, dtype=torch.long)            # root: after the 1-token prompt, output 0
+            cands[:, 0] = 0
+            times = []
+            for _ in range(5):
+                acct = OnlineShadow(budget, horizon, report_every=10**9, cost_ratio=1.1, cost_source="bench")
+                transfer = RoundTransfer()
+                inline = InlineAccountant(acct, transfer, horizon, max_pending=10**6)
+                t = time.perf_counter()
+                for _ in range(rounds // 5):
+                    meta = RoundMeta(bs, horizon + 1, k, reqs, [True] * bs, 0)
+                    inline.submit(transfer.send([toks.view(bs * horizon, k), scores.view(bs * horizon, k), cands,
+                                                 commit, bonus, prefix], meta))
+                    inline.poll()
+                times.append((time.perf_counter() - t) / (rounds // 5) * 1e6)
+                assert acct.exact.n == inline.rows == rounds // 5 * bs, "every round decided"
+            us = statistics.median(times)
+            out.append({"batch": bs, "budget": budget, "us_per_sampled_round": round(us, 1),
+                        "share_1_of_10ms_round_pct": round(us / 100.0, 2),
+                        "share_025_of_10ms_round_pct": round(us / 400.0, 2)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=1000)
     ap.add_argument("--json", type=Path, help="write the table here too")
+    ap.add_argument("--serving", action="store_true", help="the serving path as the worker runs it now")
     args = ap.parse_args(argv)
+    if args.serving:
+        rows = serving(args.rounds)
+        print(f"# {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, "
+              f"python {platform.python_version()}, torch {torch.__version__}")
+        print("| batch | budget | host us per sampled round | % of a 10 ms round at share 1.0 | at share 0.25 |")
+        print("|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['batch']} | {r['budget']} | {r['us_per_sampled_round']} | {r['share_1_of_10ms_round_pct']} | "
+                  f"{r['share_025_of_10ms_round_pct']} |")
+        if args.json:
+            args.json.write_text(json.dumps(rows, indent=1))
+        return 0
     horizon, vocab = 7, 1024                  # block 8, as the H200 runs use
     rows = []
     for bs in (1, 8):

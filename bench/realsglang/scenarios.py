@@ -50,11 +50,13 @@ def _8b(mfs: float, model: str = "qwen3-8b") -> tuple[str, ...]:
             "modes.dflash.block_size=16", f"memory.mem_fraction_static={mfs}", "memory.cuda_graph=false")
 
 
+# `serve`'s tax arms measure tiny-qwen3 side by side: a check that the arms serve and account, not
+# the tax (docs/realsglang.md: idle servers spinning, a host-bound model); tax.py measures that.
 GROUPS: dict[str, list[Scenario]] = {
     "serve": [
         Scenario("dflash", "DFLASH, the in-graph draft head", "dflash", "healthy", env=SIMULATE, tax_arm="dflash"),
         Scenario("dflash_eager", "DFLASH with the draft head kept eager (SGLANG_DFLASH_EAGER_DRAFT_SAMPLER=1), "
-                 "as DDTREE shadow keeps it", "dflash", "healthy",
+                 "as DDTREE shadow kept it before issue 22", "dflash", "healthy",
                  env={**SIMULATE, "SGLANG_DFLASH_EAGER_DRAFT_SAMPLER": "1"}, tax_arm="dflash-eager-head"),
         # issue 14: the single-GPU path of the multi-GPU code, rendered through the parallel and gpus
         # fields (--tp-size 1, CUDA_VISIBLE_DEVICES=0); real TP=2 needs a machine with several GPUs
@@ -161,3 +163,69 @@ def model_configs() -> dict[str, dict[str, Any]]:
         "qwen3-32b": {"config.json": q32},
         "qwen3-32b-dflash": {"config.json": _draft(q32, tiny_draft, layers=5, ids=[1, 16, 31, 46, 61], block=16)},
     }
+
+
+# ------------------------------------------------------------------ issue 22: the shadow tax (tax.py)
+# Five servers of the Qwen3-8B shape (random weights) on the one GPU, CUDA graphs on, each with
+# --sleep-on-idle (an idle 0.5.17 scheduler busy-polls a core: the co-located arms disturbed each
+# other), a KV cap, and SGLang's acceptance knob in every arm. A DFLASH twin is the A/A control.
+TAX_EXTRA = ("--max-total-tokens", "16384", "--sleep-on-idle")
+
+
+def _tax_sets(mode: str) -> tuple[str, ...]:
+    return (f"service.model_path={MODELS}/qwen3-8b", f"modes.{mode}.draft_model_path={MODELS}/qwen3-8b-dflash",
+            f"modes.{mode}.block_size=16", "memory.mem_fraction_static=0.88", "memory.cuda_graph=true",
+            "memory.cuda_graph_max_bs=8")
+
+
+def tax_scenarios() -> list[Scenario]:
+    quiet = {"DDTREE_SHADOW_WARN_AFTER": "1000000"}
+    ddtree = lambda name, share, about, env: Scenario(  # noqa: E731
+        name, about, "ddtree-shadow", "healthy",
+        sets=(*_tax_sets("ddtree-shadow"), "modes.ddtree-shadow.budget=16", f"modes.ddtree-shadow.shadow.share={share}"),
+        env={**SIMULATE, **env}, tax_arm=name)
+    return [
+        Scenario("dflash", "DFLASH, Qwen3-8B shape", "dflash", "healthy", sets=_tax_sets("dflash"), env=SIMULATE,
+                 tax_arm="dflash"),
+        Scenario("dflash_twin", "DFLASH again: the A/A control", "dflash", "healthy", sets=_tax_sets("dflash"),
+                 env=SIMULATE, tax_arm="dflash_twin"),
+        ddtree("ddtree_s000", 0.0, "DDTREE, share 0: hooks on, nothing sampled", quiet),
+        ddtree("ddtree_s025", 0.25, "DDTREE shadow, share 0.25", {}),
+        ddtree("ddtree_s100", 1.0, "DDTREE shadow, share 1.0", {}),
+        # issue 22 item 4, not in the default set: the accounting on a thread of its own
+        ddtree("ddtree_s100_thread", 1.0, "DDTREE shadow, share 1.0, accounting on its own thread",
+               {"DDTREE_SHADOW_ACCOUNT_THREAD": "1"}),
+    ]
+
+
+TAX_DEFAULT = ("dflash", "dflash_twin", "ddtree_s000", "ddtree_s025", "ddtree_s100")
+
+
+# ------------------------------------------------------------------ issue 23: the shadow's verdict (truth.py)
+# A trained target and its DFlash draft (bench/pair/train.py --out DIR), served for real: no
+# acceptance knob, trained weights (no --load-format dummy outside the stand-in).
+
+
+def truth_scenarios(pair: str, block: int, budget: int, cost_env: dict[str, str],
+                    context: int = 2048) -> list[Scenario]:
+    """DFLASH and DDTREE shadow at shares 0.25 and 1.0, greedy; DFLASH and DDTREE at 1.0 with
+    temperature (the request decides: each server gets one kind, so its own counters are clean).
+    `context`: the server's context length, at most what the trained target was made for."""
+    def sets(mode: str) -> tuple[str, ...]:
+        return (f"service.model_path={pair}/target", f"modes.{mode}.draft_model_path={pair}/draft",
+                f"modes.{mode}.block_size={block}", "memory.mem_fraction_static=0.88", "memory.cuda_graph=true",
+                "memory.cuda_graph_max_bs=8", f"memory.context_length={context}")
+
+    def ddtree(name: str, share: float, about: str) -> Scenario:
+        return Scenario(name, about, "ddtree-shadow", "healthy",
+                        sets=(*sets("ddtree-shadow"), f"modes.ddtree-shadow.budget={budget}",
+                              f"modes.ddtree-shadow.shadow.share={share}", "modes.ddtree-shadow.shadow.report_every=50"),
+                        env={**cost_env, "DDTREE_SHADOW_WARN_AFTER": "1000000"})
+
+    return [
+        Scenario("dflash", "DFLASH on the trained pair, greedy", "dflash", "healthy", sets=sets("dflash")),
+        ddtree("ddtree_s025", 0.25, "DDTREE shadow on the trained pair, share 0.25, greedy"),
+        ddtree("ddtree_s100", 1.0, "DDTREE shadow on the trained pair, share 1.0, greedy"),
+        Scenario("dflash_temp", "DFLASH on the trained pair, temperature", "dflash", "healthy", sets=sets("dflash")),
+        ddtree("ddtree_s100_temp", 1.0, "DDTREE shadow on the trained pair, share 1.0, temperature"),
+    ]

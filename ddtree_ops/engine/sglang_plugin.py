@@ -87,9 +87,11 @@ SITES: tuple[tuple[str, str, str], ...] = (
      "True, as DFLASH"),
     ("arg_groups/overrides.py :1835 (is_dflash_family)", "speculative defaults", "as DFLASH"),
     ("models/kimi_k3.py :2430 (is_dflash_family)", "Kimi K3 aux capture", "as DFLASH"),
-    ("speculative/spec_utils.py :412 spec_need_hidden_states() (name == 'DFLASH')",
-     "FutureMap relays draft hidden states", "NOT as DFLASH (string test): buffer only allocated if the "
-     "draft input carries hidden_states, which the DFlash worker's does not; harmless"),
+    ("speculative/spec_utils.py :407 spec_need_hidden_states() (name in STANDALONE/DFLASH/DSPARK; 0.5.17 :253)",
+     "FutureMap relays draft hidden states",
+     "NOT as DFLASH by SGLang (string test), and not harmless: DFlash's draft input carries an empty (bs, 0) "
+     "hidden-state tensor, not None, so the map would allocate a buffer and scatter/gather it every round; the "
+     "worker factory makes the function answer False in a DDTREE process (sglang_relay, logged)"),
     ("managers/scheduler_components/metrics_reporter.py :65 (enum members)",
      "forward-pass decode metrics snapshot", "NOT recorded for DDTREE (enum test); shadow figures are "
      "exported by the worker instead"),
@@ -301,7 +303,12 @@ def _spec_class() -> type:
 
 
 def worker_factory(server_args: Any) -> type:
-    """SGLang calls this at server start (GPU): SGLang's DFlash V2 worker plus shadow accounting."""
+    """SGLang calls this at server start (GPU), in the scheduler process, before its overlap
+    FutureMap exists: SGLang's DFlash V2 worker plus shadow accounting, and DFLASH's answer to
+    the hidden-state relay question (`sglang_relay`)."""
+    from ddtree_ops.engine.sglang_relay import exempt_from_hidden_relay
+
+    exempt_from_hidden_relay(server_args)
     from ddtree_ops.engine.sglang_worker import DDTreeShadowWorker
 
     return DDTreeShadowWorker

@@ -6,8 +6,11 @@ the version table on the control machine, and the plugin reads the environment i
 
 Configuration is by environment, because a plugin has no sanctioned way to add server flags:
 DDTREE_BUDGET, DDTREE_SHADOW_SHARE, DDTREE_SHADOW_REPORT_EVERY, DDTREE_SHADOW_WARN_AFTER,
-DDTREE_VERIFY_COST_RATIO, DDTREE_MODE (only `shadow`), DDTREE_SHADOW_TRACE (log the hooks' decisions
-for the first N verify rounds: what support asks for when a release behaves unlike its source).
+DDTREE_VERIFY_COST_RATIO (else `default_cost_ratio`, from the committed engine benchmark),
+DDTREE_MODE (only `shadow`), DDTREE_SHADOW_TRACE (log the hooks' decisions for the first N verify
+rounds: what support asks for when a release behaves unlike its source), DDTREE_SHADOW_MAX_PENDING
+(sampled trees kept while the tokens that decide them are committed), DDTREE_SHADOW_ACCOUNT_THREAD
+(1: the accounting runs on a thread of its own instead of the scheduler's).
 """
 
 from __future__ import annotations
@@ -24,6 +27,20 @@ MAX_HORIZON = 32
 DEFAULT_SHARE = 0.1
 DEFAULT_REPORT_EVERY = 200
 DEFAULT_WARN_AFTER = 500       # verify rounds with nothing accounted before the plugin says so
+DEFAULT_MAX_PENDING = 4096     # sampled trees waiting for their committed continuation, all requests
+
+# The measured default of the tree/chain cost ratio: one verify forward of N tokens on the
+# Qwen3-8B shape, H200, CUDA graphs, context 2048, median ms (bench/results/engine.md, "Verify
+# forward cost vs tree tokens"): N -> (causal chain, ancestor-masked tree). A round of the tree
+# verifies B + 1 tokens, the chain's the block. The draft forward is the same in both and the
+# fused tree build is under 0.1 ms (same file), so the verify ratio slightly overstates the cost
+# of a tree round: a conservative default. Set DDTREE_VERIFY_COST_RATIO from your own curve.
+VERIFY_MS: dict[int, tuple[float, float]] = {
+    1: (11.5, 11.2), 2: (13.1, 12.9), 8: (13.6, 13.3), 16: (14.0, 13.8), 17: (15.4, 15.3), 33: (15.6, 15.5),
+    65: (15.9, 15.7), 129: (17.0, 16.9), 257: (20.0, 19.9), 513: (31.0, 30.9), 1025: (50.3, 50.0),
+}
+COST_FROM_ENV = "DDTREE_VERIFY_COST_RATIO"
+COST_FROM_BENCH = "engine-bench-h200-qwen3-8b"
 
 # The SGLang releases the plugin was checked against, and how. DFlashWorkerV2's shape differs
 # between them (0.5.17 accepts inline in forward_batch_generation, 0.5.23 in `_accept_block`), but
@@ -63,6 +80,8 @@ class ShadowSettings:
     cost_ratio: float | None
     mode: str
     trace: int = 0
+    max_pending: int = DEFAULT_MAX_PENDING
+    account_thread: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -100,8 +119,36 @@ def read_settings(env: dict[str, str] | None = None) -> tuple[ShadowSettings, li
         warn_after=number("DDTREE_SHADOW_WARN_AFTER", int, DEFAULT_WARN_AFTER, 1, 10**9),
         cost_ratio=number("DDTREE_VERIFY_COST_RATIO", float, None, 0.01, 1000.0),
         mode=mode,
-        trace=number("DDTREE_SHADOW_TRACE", int, 0, 0, 10**6))
+        trace=number("DDTREE_SHADOW_TRACE", int, 0, 0, 10**6),
+        max_pending=number("DDTREE_SHADOW_MAX_PENDING", int, DEFAULT_MAX_PENDING, 0, 10**7),
+        account_thread=bool(number("DDTREE_SHADOW_ACCOUNT_THREAD", int, 0, 0, 1)))
     return settings, problems
+
+
+def _interp(n: float, column: int) -> float:
+    points = sorted(VERIFY_MS)
+    if n <= points[0]:
+        return VERIFY_MS[points[0]][column]
+    for lo, hi in zip(points, points[1:]):
+        if n <= hi:
+            a, b = VERIFY_MS[lo][column], VERIFY_MS[hi][column]
+            return a + (b - a) * (n - lo) / (hi - lo)
+    lo, hi = points[-2], points[-1]        # beyond the table: the last slope
+    a, b = VERIFY_MS[lo][column], VERIFY_MS[hi][column]
+    return b + (b - a) * (n - hi) / (hi - lo)
+
+
+def default_cost_ratio(budget: int, block: int) -> float:
+    """The tree round's verify cost in chain rounds, from `VERIFY_MS`: a tree of B + 1 tokens
+    against the chain's block, never below 1 (a tree holds the chain it shadows)."""
+    return round(max(1.0, _interp(budget + 1, 1) / _interp(block, 0)), 3)
+
+
+def cost_ratio(settings: ShadowSettings, budget: int, block: int) -> tuple[float, str]:
+    """(ratio, where it came from): DDTREE_VERIFY_COST_RATIO if set, else the measured default."""
+    if settings.cost_ratio is not None:
+        return float(settings.cost_ratio), COST_FROM_ENV
+    return default_cost_ratio(budget, block), COST_FROM_BENCH
 
 
 def reference_dir() -> "os.PathLike[str]":

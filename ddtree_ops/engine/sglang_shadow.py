@@ -3,30 +3,34 @@
 Three methods of `DFlashWorkerV2` are wrapped; each calls the original, so what DFlash commits is
 unchanged:
 
-- `_maybe_build_draft_sampler`: while shadowing, keep the draft head eager (no in-graph argmax
-  sampler), so the draft's hidden states reach the next method.
-- `_greedy_sample_from_vocab_parallel_head(hidden_states=, lm_head=)`: on a sampled round, also
-  take the per-position top-K log-probs from the same head (the draft's distributions).
-- `forward_batch_generation(batch, ...)`: after DFlash's verify, read the round's result (the
-  verified block from `_draft_block_tokens_buf`, the committed lengths and the bonus from the
-  returned GenerationBatchResult) and queue it with the stashed top-K for the accounting.
+- `_maybe_build_draft_sampler`: while shadowing, DFlash's in-graph greedy head is replaced by
+  `sglang_topk.FoldedTopK`: the same matmul and argmax into the same buffer, plus the draft's
+  per-position top-K into fixed buffers, inside the draft's CUDA graph (the engine's Triton
+  top-K). Where DFlash keeps its head eager, that is kept, and the next hook takes the top-K.
+- `_greedy_sample_from_vocab_parallel_head(hidden_states=, lm_head=)`: the eager head (no draft
+  graph, or a batch the graph does not cover): on a sampled round, also take the top-K there.
+- `forward_batch_generation(batch, ...)`: decide whether this verify round is sampled (before
+  DFlash runs), then read the round's result (the verified block from `_draft_block_tokens_buf`,
+  the committed lengths and the bonus from the returned GenerationBatchResult, the prefix
+  lengths and requests from the batch) and send it to the host with the round's top-K.
 
 The third hook is the one point both checked releases share: 0.5.17 accepts inline inside
 forward_batch_generation and has no `_accept_block` (wrapping that, as the plugin once did,
 accounted nothing on 0.5.17), 0.5.23 accepts in `_accept_block`; both return the same result.
 
-Off the critical path: a round's tensors are copied to pinned host buffers without blocking and
-an event is recorded; the accounting of that round runs at a later call, once its event has
-completed, so the scheduler never waits on the GPU for the shadow. After DDTREE_SHADOW_WARN_AFTER
-verify rounds with nothing accounted the worker says so, once, with the reason it knows.
+Off the critical path: a sampled round is packed into one staging buffer on the device and
+copied to a pooled pinned host buffer in one copy behind a pooled event (`sglang_transfer`); it
+is accounted once the event has completed, at a later call (or on the accounting thread,
+`sglang_account`), so the scheduler never waits on the GPU for the shadow. Greedy rounds' trees
+wait there for the tokens that decide their exact acceptance (`sglang_horizon`). After
+DDTREE_SHADOW_WARN_AFTER verify rounds with nothing accounted the worker says so, once, with the
+reason it knows.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
-from collections import deque
 from typing import Any
 
 logger = logging.getLogger("ddtree_ops.engine.sglang")
@@ -35,46 +39,17 @@ SILENT = "DDTREE shadow: no round accounted in %d verify rounds (%s); shadow acc
 REGISTERED = "DDTREE registered as DFlash-family, hidden capture layers %s"
 NO_CAPTURE = ("DDTREE worker started without target hidden capture (SGLang resolved no dflash_target_layer_ids): "
               "DDTREE did not answer as DFlash-family; the server fails at the first request")
-
-
-class _Pending:
-    """One sampled round on its way to the host."""
-
-    __slots__ = ("event", "tokens", "scores", "candidates", "commit", "bonus", "buffers")
-
-    def __init__(self, event: Any, tokens: Any, scores: Any, candidates: Any, commit: Any, bonus: Any,
-                 buffers: Any) -> None:
-        self.event, self.tokens, self.scores = event, tokens, scores
-        self.candidates, self.commit, self.bonus, self.buffers = candidates, commit, bonus, buffers
-
-    def ready(self) -> bool:
-        return self.event is None or bool(self.event.query())
-
-
-class _HostBuffers:
-    """Pinned host tensors, reused by shape: allocating pinned memory every round costs more than
-    the copy it serves."""
-
-    def __init__(self) -> None:
-        self.free: dict[tuple[Any, ...], list[Any]] = {}
-
-    def take(self, like: Any) -> Any:
-        import torch
-
-        key = (tuple(like.shape), like.dtype)
-        pool = self.free.get(key)
-        if pool:
-            return pool.pop()
-        return torch.empty(like.shape, dtype=like.dtype, pin_memory=like.is_cuda)
-
-    def give(self, tensors: list[Any]) -> None:
-        for t in tensors:
-            self.free.setdefault((tuple(t.shape), t.dtype), []).append(t)
+PATH_GRAPH = ("DDTREE shadow: top-%d taken inside the draft's CUDA graph with DFlash's head, copied out on "
+              "sampled rounds")
+PATH_EAGER = "DDTREE shadow: top-K taken on the eager draft head on sampled rounds (%s)"
 
 
 class _ShadowState:
     def __init__(self, worker: Any) -> None:
-        from ddtree_ops.engine.sglang_settings import read_settings
+        from ddtree_ops.engine.sglang_account import InlineAccountant, ThreadAccountant
+        from ddtree_ops.engine.sglang_metrics import ShadowMetrics
+        from ddtree_ops.engine.sglang_settings import cost_ratio, read_settings
+        from ddtree_ops.engine.sglang_transfer import RoundTransfer
         from ddtree_ops.engine.shadow import OnlineShadow
 
         settings, problems = read_settings()
@@ -89,23 +64,31 @@ class _ShadowState:
         self.warn_after = settings.warn_after
         self.trace_left = settings.trace
         self.coin = random.Random(0)
+        self.sample_now = False        # this verify round is sampled (decided before DFlash runs)
         self.stash: tuple[Any, Any] | None = None
-        self.pending: deque[_Pending] = deque()
-        self.buffers = _HostBuffers()
+        self.folded: Any = None        # FoldedTopK: the top-K inside DFlash's draft graph
+        self.path = ""                 # which path takes the top-K, said once
         self.verify_rounds = 0         # decode rounds DFlash verified
-        self.head_calls = 0            # rounds whose draft head ran eagerly (where we read it)
-        self.stashed = 0               # rounds whose top-K was taken
-        self.accounted = 0             # rows handed to the accounting
+        self.head_calls = 0            # rounds whose draft head ran eagerly
+        self.sent = 0                  # sampled rounds sent to the host
         self.off_reason = ""           # set when a hook decided it cannot account
         self.warned: set[str] = set()
         self.announced = False
-        self.metrics = _Metrics(self.horizon)
+        self.metrics = ShadowMetrics()
+        self.ratio, self.cost_source = cost_ratio(settings, self.budget, block)
         self.acct = OnlineShadow(self.budget, self.horizon, report_every=settings.report_every,
-                                 on_report=self._report, cost_ratio=settings.cost_ratio)
+                                 on_report=self._report, cost_ratio=self.ratio, cost_source=self.cost_source)
+        self.transfer = RoundTransfer()
+        kind = ThreadAccountant if settings.account_thread else InlineAccountant
+        self.accountant = kind(self.acct, self.transfer, self.horizon, settings.max_pending)
 
     @property
     def on(self) -> bool:
         return self.share > 0.0 and self.horizon >= 1
+
+    @property
+    def accounted(self) -> int:
+        return self.accountant.rows
 
     def trace(self, message: str, *args: Any) -> None:
         """DDTREE_SHADOW_TRACE: the hooks' decisions for the first verify rounds, at INFO."""
@@ -117,44 +100,34 @@ class _ShadowState:
             self.warned.add(key)
             logger.warning(message, *args)
 
+    def say_path(self, path: str, message: str, *args: Any) -> None:
+        """Which path takes the top-K: said once per process, at INFO (a fact, not a problem)."""
+        if not self.path:
+            self.path = path
+            logger.info(message, *args)
+
     def _report(self, rep: Any) -> None:
         from ddtree_ops.engine.shadow import format_report
 
         logger.info(format_report(rep))
         self.metrics.publish(rep)
 
-    # -------------------------------------------------------------- the round's way to the host
+    def send(self, tokens: Any, scores: Any, candidates: Any, commit: Any, bonus: Any, prefix: Any,
+             reqs: Any, bs: int, width: int) -> None:
+        """One sampled round to the host: one pack, one copy, one event; nothing waits."""
+        from ddtree_ops.engine.sglang_account import RoundMeta
+        from ddtree_ops.engine.sglang_horizon import row_requests
 
-    def enqueue(self, tokens: Any, scores: Any, candidates: Any, commit: Any, bonus: Any) -> None:
-        """Start the copies of one round; nothing here waits for the GPU."""
-        import torch
-
-        src = (tokens, scores, candidates, commit, bonus)
-        host = [self.buffers.take(t) for t in src]
-        for dst, s in zip(host, src):
-            dst.copy_(s, non_blocking=dst.is_pinned())
-        event = None
-        if tokens.is_cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending.append(_Pending(event, *host, buffers=host))
+        known = prefix is not None and int(prefix.shape[0]) >= bs
+        rows, greedy = row_requests(reqs if known else None, bs)
+        parts = [tokens, scores, candidates, commit, bonus, prefix[:bs] if known else commit * 0]
+        meta = RoundMeta(bs, width, int(tokens.shape[-1]), rows, greedy, self.verify_rounds)
+        self.accountant.submit(self.transfer.send(parts, meta))
+        self.sent += 1
 
     def drain(self, wait: bool = False) -> None:
-        """Account every queued round whose copies have landed (all of them when `wait`)."""
-        while self.pending and (wait or self.pending[0].ready()):
-            p = self.pending.popleft()
-            if p.event is not None and wait:
-                p.event.synchronize()
-            bs, width = int(p.candidates.shape[0]), int(p.candidates.shape[1])
-            k = int(p.tokens.shape[-1])
-            accepted = [c - 1 for c in p.commit.tolist()]
-            self.acct.observe(p.tokens.view(bs, width - 1, k).tolist(), p.scores.view(bs, width - 1, k).tolist(),
-                              p.candidates.tolist(), accepted, p.bonus.view(-1).tolist())
-            if not self.accounted:
-                logger.info("DDTREE shadow: accounting running (first round: %d row(s), %d verify rounds so far)",
-                            bs, self.verify_rounds)
-            self.accounted += bs
-            self.buffers.give(p.buffers)
+        """Account every sampled round whose copy has landed (all of them when `wait`)."""
+        self.accountant.poll(wait)
 
     def silence_reason(self) -> str:
         if self.problem:
@@ -163,10 +136,10 @@ class _ShadowState:
             return "DDTREE_SHADOW_SHARE is 0"
         if self.off_reason:
             return self.off_reason
-        if self.head_calls == 0:
-            return ("the draft head never ran where the plugin reads it (an in-graph draft sampler, or an sglang "
-                    "whose DFlash worker has no _greedy_sample_from_vocab_parallel_head on this path)")
-        if self.stashed and not self.accounted:
+        if self.folded is None and self.head_calls == 0:
+            return ("the draft head never ran where the plugin reads it (no top-K in the draft graph and no eager "
+                    "head call on this path)")
+        if self.sent and not self.accounted:
             return "draft distributions were taken but no verify result reached the accounting"
         return "no sampled round yet"
 
@@ -178,76 +151,6 @@ class _ShadowState:
             reason = self.silence_reason()
             self.once("silent", SILENT, self.verify_rounds, reason)
             self.metrics.silent(self.verify_rounds, reason)
-
-
-class _Metrics:
-    """Prometheus gauges, if prometheus_client is importable (SGLang depends on it). One set per
-    process: SGLang's /metrics reads every scheduler's through its multiprocess directory."""
-
-    _shared: dict[str, Any] | None = None
-
-    def __init__(self, horizon: int) -> None:
-        if _Metrics._shared is None:
-            _Metrics._shared = self._create()
-        self.gauges = _Metrics._shared
-
-    @staticmethod
-    def _create() -> dict[str, Any]:
-        try:
-            from prometheus_client import Gauge
-        except ImportError:
-            return {}
-        mode = {"multiprocess_mode": "mostrecent"} if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else {}
-        gauges: dict[str, Any] = {}
-        try:
-            for name, doc in (("rounds", "verify rounds accounted"),
-                              ("tau_chain", "tokens per round committed by the DFlash chain"),
-                              ("tau_tree_lower", "lower bound on the DDTree tree's tokens per round"),
-                              ("promote", "1 promote the tree, 0 inconclusive, -1 keep the chain"),
-                              ("verify_rounds", "verify rounds DFlash ran")):
-                gauges[name] = Gauge(f"ddtree_shadow_{name}", doc, **mode)
-            gauges["sibling_hits"] = Gauge("ddtree_shadow_sibling_hits",
-                                           "rounds whose tree path took a sibling at this depth", ["depth"], **mode)
-            # what `smoke` reads: 1 once the worker has said that nothing is being accounted
-            gauges["silent"] = Gauge("ddtree_shadow_silent", "1: verify rounds ran and none was accounted",
-                                     ["reason"], **mode)
-        except ValueError:      # registered by someone else in this process
-            return {}
-        return gauges
-
-    def progress(self, verify_rounds: int) -> None:
-        if self.gauges:
-            self.gauges["verify_rounds"].set(verify_rounds)
-
-    def silent(self, verify_rounds: int, reason: str) -> None:
-        if self.gauges:
-            self.gauges["silent"].labels(reason=reason[:120]).set(1)
-            self.gauges["verify_rounds"].set(verify_rounds)
-
-    def publish(self, rep: Any) -> None:
-        if not self.gauges:
-            return
-        self.gauges["rounds"].set(rep.rounds)
-        self.gauges["tau_chain"].set(rep.tau_chain)
-        self.gauges["tau_tree_lower"].set(rep.tau_tree_lower)
-        self.gauges["promote"].set({"promote-tree": 1, "keep-chain": -1}.get(rep.recommendation, 0))
-        for depth, hits in enumerate(rep.sibling_hits, start=1):
-            self.gauges["sibling_hits"].labels(depth=str(depth)).set(hits)
-
-
-def head_rows(lm_head: Any, vocab: int | None) -> Any:
-    """The dense rows of the full vocabulary, or None when the head is sharded across ranks."""
-    weight = getattr(lm_head, "weight", None)
-    if weight is None or not hasattr(weight, "dim") or weight.dim() != 2:
-        return None                       # quantised or missing head
-    if not weight.dtype.is_floating_point:
-        return None
-    shard = getattr(lm_head, "shard_indices", None)
-    rows = int(vocab or weight.shape[0])
-    if shard is not None:
-        if int(getattr(shard, "org_vocab_start_index", 0)) != 0 or int(getattr(shard, "num_org_elements", 0)) < rows:
-            return None                   # tensor-parallel shard: this rank sees part of the vocabulary
-    return weight[:rows]
 
 
 def _runner(worker: Any) -> Any:
@@ -273,7 +176,8 @@ class ShadowWorkerMixin:
         if state is None:
             state = _ShadowState(self)
             self.__dict__["_ddtree_state"] = state
-            logger.info("DDTREE shadow: budget %d, horizon %d, share %.3f", state.budget, state.horizon, state.share)
+            logger.info("DDTREE shadow: budget %d, horizon %d, share %.3f, cost ratio %.3f (%s)", state.budget,
+                        state.horizon, state.share, state.ratio, state.cost_source)
         if not state.announced and _runner(self) is not None:
             state.announced = True
             layers = capture_layers(self)
@@ -284,10 +188,19 @@ class ShadowWorkerMixin:
         return state
 
     def _maybe_build_draft_sampler(self) -> Any:
-        if self._ddtree().on:
-            logger.info("DDTREE shadow: draft head kept eager to read the per-position distributions")
-            return None
-        return super()._maybe_build_draft_sampler()  # type: ignore[misc]
+        sampler = super()._maybe_build_draft_sampler()  # type: ignore[misc]
+        st = self._ddtree()
+        if not st.on:
+            return sampler
+        from ddtree_ops.engine.sglang_topk import fold_topk
+
+        folded, why = fold_topk(sampler, st.budget)
+        if folded is None:
+            st.say_path("eager", PATH_EAGER, why)
+            return sampler
+        st.folded = folded
+        st.say_path("graph", PATH_GRAPH, folded.k)
+        return folded
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states: Any, lm_head: Any,
                                                 chunk_size: int = 256) -> Any:
@@ -295,51 +208,57 @@ class ShadowWorkerMixin:
             hidden_states=hidden_states, lm_head=lm_head, chunk_size=chunk_size)
         st = self._ddtree()
         st.head_calls += 1
-        st.stash = None
-        if not st.on or st.coin.random() >= st.share:
+        if not st.sample_now:
             st.trace("head call %d: not sampled (share %.3f)", st.head_calls, st.share)
             return out
+        from ddtree_ops.engine.sglang_topk import eager_topk, head_rows
+
         vocab = getattr(getattr(_runner(self), "model_config", None), "vocab_size", None)
         rows = head_rows(lm_head, vocab)
         if rows is None:
             st.off_reason = "the LM head is sharded across tensor-parallel ranks or quantised"
             st.once("head", "DDTREE shadow: %s; shadow accounting off", st.off_reason)
+            st.share = 0.0
             return out
-        st.stash = draft_head_topk(hidden_states, rows, min(st.budget, int(rows.shape[0])), chunk_size)
-        st.stashed += 1
+        if st.folded is None:
+            st.say_path("eager", PATH_EAGER, "no draft CUDA graph")
+        st.stash = eager_topk(hidden_states, rows, min(st.budget, int(rows.shape[0])), chunk_size)
         st.trace("head call %d: top-%d of %d rows stashed", st.head_calls, int(st.stash[0].shape[-1]),
                  int(hidden_states.shape[0]))
         return out
 
     def forward_batch_generation(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
         st = self._ddtree()
-        if st.pending:
+        if st.accountant.in_flight():
             st.drain()
         # decided before DFlash runs: real 0.5.17 hands the batch back in TARGET_VERIFY mode, which
         # ForwardMode.is_extend() counts as an extend (read afterwards, every round looked like a
         # prefill and nothing was accounted: the second real run's trace)
         verify = _is_verify_round(batch)
+        st.sample_now = verify and st.on and st.coin.random() < st.share
+        st.stash = None
+        reqs, prefix = getattr(batch, "reqs", None), getattr(batch, "seq_lens", None)
         result = super().forward_batch_generation(batch, *args, **kwargs)  # type: ignore[misc]
         stash, st.stash = st.stash, None
         commit = getattr(result, "accept_lens", None)
         bonus = getattr(getattr(result, "next_draft_input", None), "bonus_tokens", None)
         block = self.__dict__.get("_draft_block_tokens_buf")
-        if st.trace_left > 0 and verify:
-            st.trace("verify round %d: mode %s, stash %s, accept_lens %s, bonus %s, block %s, pending %d, "
-                     "accounted %d", st.verify_rounds + 1, getattr(getattr(batch, "forward_mode", None), "name", "?"),
-                     "yes" if stash is not None else "no", _shape(commit), _shape(bonus), _shape(block),
-                     len(st.pending), st.accounted)
-            st.trace_left -= 1
-        elif st.trace_left > 0:
-            st.trace("call: mode %s, extend_in_batch %s: not a verify round",
-                     getattr(getattr(batch, "forward_mode", None), "name", "?"), getattr(batch, "is_extend_in_batch", "?"))
+        if st.trace_left > 0:
+            mode = getattr(getattr(batch, "forward_mode", None), "name", "?")
+            if verify:
+                st.trace("verify round %d: mode %s, sampled %s, top-K %s, accept_lens %s, bonus %s, block %s, "
+                         "in flight %d, accounted %d", st.verify_rounds + 1, mode, st.sample_now,
+                         "eager" if stash is not None else "graph" if st.folded is not None else "none",
+                         _shape(commit), _shape(bonus), _shape(block), st.accountant.in_flight(), st.accounted)
+            else:
+                st.trace("call: mode %s, extend_in_batch %s: not a verify round", mode,
+                         getattr(batch, "is_extend_in_batch", "?"))
             st.trace_left -= 1
         if not verify:
             return result
         st.after_round()
-        if stash is None:
+        if not st.sample_now:
             return result
-        tokens, scores = stash
         if commit is None or bonus is None or block is None:
             st.off_reason = ("this sglang's DFlash worker returns no accept_lens / next_draft_input.bonus_tokens "
                              "or keeps no _draft_block_tokens_buf")
@@ -349,11 +268,16 @@ class ShadowWorkerMixin:
         bs = int(commit.shape[0])
         candidates = block[:bs]
         width = int(candidates.shape[1])
+        if stash is None and st.folded is not None:
+            stash = st.folded.round(bs * (width - 1))      # the graph's replay wrote this round's top-K
+        if stash is None:
+            return result
+        tokens, scores = stash
         if tokens.shape[0] != bs * (width - 1):
             st.once("shape", "DDTREE shadow: draft rows %d do not match the verified block %dx%d; round skipped",
                     tokens.shape[0], bs, width)
             return result
-        st.enqueue(tokens, scores, candidates, commit, bonus)
+        st.send(tokens, scores, candidates, commit, bonus, prefix, reqs, bs, width)
         return result
 
 
@@ -371,21 +295,3 @@ def _is_verify_round(batch: Any) -> bool:
     if mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or mode.is_idle():
         return False
     return True
-
-
-def draft_head_topk(hidden_states: Any, rows: Any, k: int, chunk_size: int = 256) -> tuple[Any, Any]:
-    """Per-position top-k of the draft's distributions through the (dense) LM head rows. A plain
-    fp32 log-softmax, not the engine's Triton statistics kernel: nothing compiles inside a
-    running server."""
-    import torch
-
-    from ddtree_ops.engine.tree import topk_of_logprobs
-
-    toks, scores = [], []
-    for start in range(0, int(hidden_states.shape[0]), chunk_size):
-        hs = hidden_states[start:start + chunk_size]
-        logits = torch.matmul(hs.to(rows.dtype), rows.T)
-        t, s = topk_of_logprobs(torch.log_softmax(logits.float(), dim=-1), k)
-        toks.append(t)
-        scores.append(s)
-    return torch.cat(toks), torch.cat(scores)

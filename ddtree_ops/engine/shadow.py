@@ -93,6 +93,8 @@ class ShadowReport:
     p_tree_worse: float | None
     recommendation: str
     reason: str
+    dropped_rounds: int = 0                # sampled greedy rounds whose request ended before the walk was decided
+    cost_source: str = ""                  # where cost_ratio came from (DDTREE_VERIFY_COST_RATIO, a bench table)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -194,9 +196,12 @@ def format_report(rep: ShadowReport) -> str:
     """One log line (the SGLang worker prints it every N rounds)."""
     tree = f"{rep.tau_tree:.3f}" if rep.tau_tree is not None else "n/a"
     ratio = f"{rep.cost_ratio:.2f}" if rep.cost_ratio is not None else "n/a"
-    return (f"DDTREE shadow: rounds={rep.rounds} sampled={rep.sampled_rounds} "
+    line = (f"DDTREE shadow: rounds={rep.rounds} sampled={rep.sampled_rounds} "
             f"tau_chain={rep.tau_chain:.3f} tau_tree={tree} tau_tree_lower={rep.tau_tree_lower:.3f} "
             f"cost_ratio={ratio} sibling_hits={rep.sibling_hits} recommendation={rep.recommendation}")
+    if rep.cost_source:         # the serving path: where the ratio came from, rounds it could not decide
+        line += f" cost_from={rep.cost_source} dropped={rep.dropped_rounds}"
+    return line
 
 
 class BoundTally:
@@ -248,25 +253,113 @@ class BoundTally:
             p_tree_better=p_better, p_tree_worse=None, recommendation=call, reason=why)
 
 
+def mean_test(n: int, d_sum: float, d_sq: float) -> tuple[float, float]:
+    """One-sided tests that the mean of n paired differences is above / below 0, from running
+    sums (normal approximation: the serving path has thousands of rounds). Returns (p above,
+    p below). A zero spread with a non-zero mean is decisive."""
+    if n < 2:
+        return 1.0, 1.0
+    mean = d_sum / n
+    var = max(0.0, (d_sq - n * mean * mean) / (n - 1))
+    if var == 0.0:
+        return (0.0, 1.0) if mean > 0 else (1.0, 0.0) if mean < 0 else (1.0, 1.0)
+    z = mean / math.sqrt(var / n)
+    upper = 0.5 * math.erfc(z / math.sqrt(2.0))
+    return upper, 1.0 - upper
+
+
+class ExactTally:
+    """Running totals of rounds whose tree acceptance is exact (the greedy walk over the tokens
+    committed after the round), paired with the chain's tokens of the same round.
+
+    The verdict weighs the tree's tokens against the chain's at the cost ratio r (the tree's
+    verify round costs r chain rounds): the tree pays when mean(tree - r * chain) > 0, i.e.
+    tau_tree / tau_chain > r on the same rounds. The mean, not the median: throughput is a mean,
+    and with r > 1 the median round is a tie that the tree loses, however often it gains."""
+
+    def __init__(self, horizon: int) -> None:
+        self.horizon = horizon
+        self.n = self.chain_sum = self.tree_sum = 0
+        self.tree_hist: Counter[int] = Counter()
+        self.hits = [0] * horizon
+        self.pairs: Counter[tuple[int, int]] = Counter()   # (chain, tree) -> rounds: sums for any r
+
+    def add(self, chain_tokens: int, tree_tokens: int, sibling_depths: list[int]) -> None:
+        self.n += 1
+        self.chain_sum += chain_tokens
+        self.tree_sum += tree_tokens
+        self.tree_hist[tree_tokens] += 1
+        self.pairs[(chain_tokens, tree_tokens)] += 1
+        for d in sibling_depths:
+            if 1 <= d <= self.horizon:
+                self.hits[d - 1] += 1
+
+    def test(self, ratio: float) -> tuple[float, float, float]:
+        """(mean of tree - r * chain, p tree better, p tree worse)."""
+        d_sum = d_sq = 0.0
+        for (c, t), k in self.pairs.items():
+            d = t - ratio * c
+            d_sum += k * d
+            d_sq += k * d * d
+        p_up, p_down = mean_test(self.n, d_sum, d_sq)
+        return (d_sum / self.n if self.n else 0.0), p_up, p_down
+
+
 class OnlineShadow:
     """Shadow accounting fed by a serving engine's chain verify (the SGLang worker's path).
 
     Inputs are what a DFlash verify already has: per-row draft top-K per depth, the verified
     block (root + chain), the accepted length and the bonus. Per row it builds the tree with the
-    host heap and records the spine lower bound in running totals; the exact tree acceptance
-    would need a tree-masked target forward, which this path does not run. Figures go to the log
-    every `report_every` rounds and to `on_report` (metrics).
+    host heap and records the spine lower bound in running totals. Under greedy decoding the
+    tree's exact acceptance follows later, once the tokens committed after the round are known
+    (`observe_exact`): the verdict is made from those. Figures go to the log every
+    `report_every` rounds and to `on_report` (metrics).
     """
 
     def __init__(self, budget: int, horizon: int, report_every: int = 200,
-                 on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None) -> None:
+                 on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None,
+                 cost_source: str = "", alpha: float = 0.05) -> None:
         self.budget, self.horizon, self.report_every = budget, horizon, max(1, report_every)
-        self.cost_ratio = cost_ratio       # tree/chain verify cost from the bench curve, if known
+        self.cost_ratio, self.cost_source = cost_ratio, cost_source
+        self.min_rounds, self.alpha = min_rounds, alpha
         self.tally = BoundTally(horizon, min_rounds=min_rounds, cost_ratio=cost_ratio)
+        self.exact = ExactTally(horizon)
+        self.dropped = 0
         self.on_report = on_report
 
     def report(self) -> ShadowReport:
-        return self.tally.report()
+        rep = self.tally.report()
+        rep.cost_source, rep.dropped_rounds = self.cost_source, self.dropped
+        ex, ratio = self.exact, self.cost_ratio
+        if not ex.n:
+            return rep
+        rep.sampled_rounds = ex.n
+        rep.tau_tree = ex.tree_sum / ex.n
+        rep.tau_chain_sampled = ex.chain_sum / ex.n
+        rep.tree_hist = dict(sorted(ex.tree_hist.items()))
+        rep.sibling_hits = list(ex.hits)
+        if ratio is None:
+            rep.projected_speedup = rep.p_tree_better = rep.p_tree_worse = None
+            rep.recommendation, rep.reason = INCONCLUSIVE, "no tree/chain verify cost ratio to weigh the tree against"
+            return rep
+        rep.projected_speedup = (rep.tau_tree / rep.tau_chain_sampled) / ratio
+        mean, p_up, p_down = ex.test(ratio)
+        rep.p_tree_better, rep.p_tree_worse = p_up, p_down
+        if ex.n < self.min_rounds:
+            rep.recommendation, rep.reason = INCONCLUSIVE, (f"{ex.n} exact rounds; need at least {self.min_rounds}")
+        elif p_up < self.alpha and mean > 0:
+            rep.recommendation, rep.reason = PROMOTE, (
+                f"the tree accepts {rep.tau_tree:.3f} tokens a round against the chain's {rep.tau_chain_sampled:.3f} "
+                f"on {ex.n} exact rounds: more than its {ratio:.2f}x verify cost (p={p_up:.3g})")
+        elif p_down < self.alpha and mean < 0:
+            rep.recommendation, rep.reason = KEEP_CHAIN, (
+                f"the tree's {rep.tau_tree:.3f} tokens a round against the chain's {rep.tau_chain_sampled:.3f} "
+                f"on {ex.n} exact rounds do not pay for its {ratio:.2f}x verify cost (p={p_down:.3g})")
+        else:
+            rep.recommendation, rep.reason = INCONCLUSIVE, (
+                f"tau_tree / tau_chain = {rep.tau_tree / rep.tau_chain_sampled:.3f} is not told apart from the "
+                f"{ratio:.2f}x cost over {ex.n} exact rounds (p better={p_up:.3g}, p worse={p_down:.3g})")
+        return rep
 
     def observe(self, draft_tokens: Any, draft_scores: Any, candidates: Any, accept_len: Any, bonus: Any) -> list[int]:
         """draft_tokens/draft_scores [bs, L, K] (scores quantised as in `tree.quantize_logprobs`),
@@ -276,27 +369,41 @@ class OnlineShadow:
         cands, acc, bon = _rows(candidates), _rows(accept_len), _rows(bonus)
         bounds = []
         for b, row in enumerate(cands):
-            a = int(acc[b])
-            lower, _size = heap_spine_bound(toks[b], scores[b], self.budget, row, a, int(bon[b]))
-            bounds.append(lower)
-            self.tally.add(a + 1, lower)
-            if self.tally.rounds % self.report_every == 0 and self.on_report is not None:
-                self.on_report(self.tally.report())
+            children, _ranks = heap_tree(toks[b], scores[b], self.budget)
+            bounds.append(self.observe_row(children, row, int(acc[b]), int(bon[b])))
         return bounds
+
+    def observe_row(self, children: list[dict[int, int]], chain: list[int], accepted: int, bonus: int) -> int:
+        """One row whose tree is built (`heap_tree`): its lower bound into the running totals."""
+        lower = spine_bound(children, chain, accepted, bonus)
+        self.tally.add(accepted + 1, lower)
+        if self.tally.rounds % self.report_every == 0 and self.on_report is not None:
+            self.on_report(self.report())
+        return lower
+
+    def observe_exact(self, chain_tokens: int, tree_tokens: int, sibling_depths: list[int]) -> None:
+        """One sampled round's exact tree figure (`greedy_walk`), decided some rounds after it."""
+        self.exact.add(chain_tokens, tree_tokens, sibling_depths)
+
+    def drop(self, rounds: int = 1) -> None:
+        """Sampled greedy rounds that could not be decided (their request ended first, or the
+        pending store was full): counted, never guessed."""
+        self.dropped += rounds
 
 
 def _rows(x: Any) -> list[Any]:
     return x.tolist() if hasattr(x, "tolist") else list(x)
 
 
-def heap_spine_bound(tok: list[list[int]], sc: list[list[int]], budget: int, chain: list[int],
-                     accepted: int, bonus: int) -> tuple[int, int]:
-    """`spine_lower_bound(build_tree_heap(...), ...)` on plain lists: the same heap, the same pop
-    order and node numbering, without the tensors (the serving path runs it for every sampled
-    row, where tensor construction cost more than the heap). Returns (bound, tree size)."""
+def heap_tree(tok: list[list[int]], sc: list[list[int]], budget: int) -> tuple[list[dict[int, int]], list[int]]:
+    """`build_tree_heap` on plain lists: the same heap, the same pop order and node numbering,
+    without the tensors (the serving path runs it for every sampled row, where tensor
+    construction cost more than the heap). Returns each node's children (token -> node) and each
+    node's rank at its depth (root: 0)."""
     depth = len(tok)
     k = len(tok[0]) if depth else 0
     children: list[dict[int, int]] = [{}]
+    ranks = [0]
     scores = [0]
     heap = [(-sc[0][0], 1, 0, 0)] if budget > 0 and depth > 0 and k > 0 else []
     push, pop = heapq.heappush, heapq.heappop
@@ -306,14 +413,49 @@ def heap_spine_bound(tok: list[list[int]], sc: list[list[int]], budget: int, cha
         children.append({})
         children[p][tok[d - 1][r]] = node
         scores.append(-neg)
+        ranks.append(r)
         if r + 1 < k:
             push(heap, (-(scores[p] + sc[d - 1][r + 1]), d, p, r + 1))
         if d < depth:
             push(heap, (neg - sc[d][0], d + 1, node, 0))
+    return children, ranks
+
+
+def spine_bound(children: list[dict[int, int]], chain: list[int], accepted: int, bonus: int) -> int:
+    """`spine_lower_bound` on `heap_tree`'s children."""
     node, got = 0, 0
     for t in chain[1:accepted + 1]:
         nxt = children[node].get(t)
         if nxt is None:
-            return got + 1, len(scores)
+            return got + 1
         node, got = nxt, got + 1
-    return got + 1 + (1 if bonus in children[node] else 0), len(scores)
+    return got + 1 + (1 if bonus in children[node] else 0)
+
+
+def heap_spine_bound(tok: list[list[int]], sc: list[list[int]], budget: int, chain: list[int],
+                     accepted: int, bonus: int) -> tuple[int, int]:
+    """`spine_lower_bound(build_tree_heap(...), ...)` on plain lists. Returns (bound, tree size)."""
+    children, _ranks = heap_tree(tok, sc, budget)
+    return spine_bound(children, chain, accepted, bonus), len(children)
+
+
+def greedy_walk(children: list[dict[int, int]], ranks: list[int], continuation: Any,
+                horizon: int) -> tuple[int, list[int]] | None:
+    """What the tree accepts under greedy verification, given the target's greedy continuation of
+    the round's root (the tokens committed after it, known some rounds later): the longest prefix
+    of the continuation that is a path in the tree, plus the target's own next token. Returns
+    (tokens incl. that bonus, depths where the path took a rank > 0 node), or None while the
+    continuation is too short to decide (the walk still matches at its end, above the horizon)."""
+    node, depth, siblings = 0, 0, []
+    for tok in continuation:
+        if depth >= horizon or not children[node]:
+            break
+        nxt = children[node].get(int(tok))
+        if nxt is None:
+            return depth + 1, siblings
+        node, depth = nxt, depth + 1
+        if ranks[nxt] > 0:
+            siblings.append(depth)
+    if depth >= horizon or not children[node]:
+        return depth + 1, siblings
+    return None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from dflash_fakes import VERSIONS, FakeBatch, FakeDFlash, class_node, dflash_worker_source
 
 from ddtree_ops.engine.shadow import (
     INCONCLUSIVE,
@@ -82,88 +83,46 @@ def test_online_shadow_batch_and_bound_only_report() -> None:
     assert reports[0].recommendation in (PROMOTE, INCONCLUSIVE)   # a bound never says keep-chain
 
 
-class _Mode:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def is_extend(self) -> bool:
-        # SGLang's ForwardMode.is_extend() is also true of TARGET_VERIFY
-        return self.name in ("extend", "target_verify")
-
-    def is_target_verify(self) -> bool:
-        return self.name == "target_verify"
-
-    def is_idle(self) -> bool:
-        return self.name == "idle"
-
-
-class FakeBatch:
-    def __init__(self, mode: str) -> None:
-        self.forward_mode, self.is_extend_in_batch = _Mode(mode), False
-
-
-class FakeDFlash:
-    """Stand-in for DFlashWorkerV2's hooked methods, with the shape both checked releases share:
-    the draft head is called in the decode path, the verified block sits in
-    `_draft_block_tokens_buf`, and forward_batch_generation returns commit lengths and the bonus."""
-
-    block_size = 4
-
-    def __init__(self, accept: list[int], bonus: list[int]) -> None:
-        self.accept, self.bonus = accept, bonus
-        self.sampler_built = self._maybe_build_draft_sampler()   # the real constructor calls it too
-        self.head = torch.nn.Linear(8, 20, bias=False)
-
-    def _maybe_build_draft_sampler(self) -> Any:
-        return "in-graph sampler"
-
-    def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states: Any, lm_head: Any, chunk_size: int = 256) -> Any:
-        return torch.argmax(hidden_states @ lm_head.weight.T, dim=-1)
-
-    def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
-        if batch.forward_mode.is_extend():
-            return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
-        batch.forward_mode = _Mode("target_verify")   # real 0.5.17 hands the batch back so (its log)
-        bs = len(self.accept)
-        hidden = torch.randn(bs * (self.block_size - 1), 8, generator=torch.Generator().manual_seed(bs))
-        draft = self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=self.head)
-        self._draft_block_tokens_buf = torch.cat([torch.full((bs, 1), 1), draft.view(bs, -1)], dim=1)
-        commit = torch.tensor(self.accept, dtype=torch.int32) + 1
-        return types.SimpleNamespace(accept_lens=commit,
-                                     next_draft_input=types.SimpleNamespace(bonus_tokens=torch.tensor(self.bonus)))
-
-
 def shadow_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
-    for key in ("DDTREE_SHADOW_SHARE", "DDTREE_BUDGET", "DDTREE_SHADOW_REPORT_EVERY", "DDTREE_SHADOW_WARN_AFTER"):
+    for key in ("DDTREE_SHADOW_SHARE", "DDTREE_BUDGET", "DDTREE_SHADOW_REPORT_EVERY", "DDTREE_SHADOW_WARN_AFTER",
+                "DDTREE_VERIFY_COST_RATIO", "DDTREE_SHADOW_ACCOUNT_THREAD", "DDTREE_SHADOW_MAX_PENDING"):
         monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
 
 
-def test_worker_mixin_commits_what_dflash_commits_and_accounts_every_row(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("version", VERSIONS)
+def test_worker_mixin_commits_what_dflash_commits_and_accounts_every_row(monkeypatch: pytest.MonkeyPatch,
+                                                                         version: str) -> None:
     from ddtree_ops.engine.sglang_shadow import ShadowWorkerMixin
+    from ddtree_ops.engine.sglang_topk import FoldedTopK
 
     shadow_env(monkeypatch, DDTREE_SHADOW_SHARE="1.0", DDTREE_BUDGET="6", DDTREE_SHADOW_REPORT_EVERY="4")
 
     class Worker(ShadowWorkerMixin, FakeDFlash):
         pass
 
-    w = Worker(accept=[0, 2], bonus=[7, 9])
-    assert w.sampler_built is None                              # eager head while shadowing
+    w = Worker(accept=[0, 2], bonus=[7, 9], version=version)
+    plain = FakeDFlash(accept=[0, 2], bonus=[7, 9], version=version)
+    # the draft head stays in the graph, with the top-K folded in beside DFlash's argmax
+    assert isinstance(w._draft_sampler, FoldedTopK) and type(plain._draft_sampler).__name__ == "_DflashDraftSampler"
     assert w.forward_batch_generation(FakeBatch("extend")).accept_lens is None   # prefill passes through
     out = w.forward_batch_generation(FakeBatch("decode"))
+    ref = plain.forward_batch_generation(FakeBatch("decode"))
     assert out.accept_lens.tolist() == [1, 3]                   # DFlash's result passes through untouched
+    assert torch.equal(w.last_draft, plain.last_draft)          # the same chain drafted
     st = w._ddtree()
-    assert st.budget == 6 and st.verify_rounds == 1 and len(st.pending) == 1
+    assert st.budget == 6 and st.verify_rounds == 1 and st.accountant.in_flight() == 1
     w.forward_batch_generation(FakeBatch("decode"))             # the earlier round is accounted now
     st.drain(wait=True)
     assert st.accounted == 4 and st.acct.tally.rounds == 4
+    assert w.eager_rounds == 0 and w.graph_rounds == 2 and st.path == "graph"
     rep = st.acct.report()
     assert rep.tau_chain == 2.0                                 # rows committed 1 and 3 tokens, twice
     assert rep.tau_tree_lower >= 1.0
 
 
-def test_worker_mixin_off_keeps_the_in_graph_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_worker_mixin_off_keeps_dflash_own_sampler(monkeypatch: pytest.MonkeyPatch) -> None:
     from ddtree_ops.engine.sglang_shadow import ShadowWorkerMixin
 
     shadow_env(monkeypatch, DDTREE_SHADOW_SHARE="0")
@@ -171,7 +130,7 @@ def test_worker_mixin_off_keeps_the_in_graph_sampler(monkeypatch: pytest.MonkeyP
     class Worker(ShadowWorkerMixin, FakeDFlash):
         pass
 
-    assert Worker(accept=[0], bonus=[1]).sampler_built == "in-graph sampler"
+    assert type(Worker(accept=[0], bonus=[1])._draft_sampler).__name__ == "_DflashDraftSampler"
 
 
 def test_silent_shadow_is_said_once_with_its_reason(monkeypatch: pytest.MonkeyPatch,
@@ -193,7 +152,7 @@ def test_silent_shadow_is_said_once_with_its_reason(monkeypatch: pytest.MonkeyPa
     class Worker(ShadowWorkerMixin, NoHeadCall):
         pass
 
-    w = Worker(accept=[0], bonus=[0])
+    w = Worker(accept=[0], bonus=[0], graphs=False)        # no draft graph either: nothing reads the head
     with caplog.at_level("WARNING", logger="ddtree_ops.engine.sglang"):
         for _ in range(6):
             w.forward_batch_generation(FakeBatch("decode"))
@@ -259,25 +218,6 @@ def test_bound_tally_reports_what_the_ledger_reports() -> None:
 DFLASH_SOURCES = {"0.5.23": "installed sglang (CPU)", "0.5.17": "the sglang 0.5.17 wheel the install step fetches"}
 
 
-def dflash_worker_source(version: str) -> str | None:
-    import importlib.util
-    import pathlib
-    import zipfile
-
-    if version == "0.5.23":
-        spec = importlib.util.find_spec("sglang")
-        if spec is None or spec.origin is None:
-            return None
-        return (pathlib.Path(spec.origin).parent / "srt" / "speculative" / "dflash_worker_v2.py").read_text()
-    from ddtree_ops.engine.sglang_settings import reference_wheel
-
-    wheel = reference_wheel(version)
-    if wheel is None:
-        return None
-    with zipfile.ZipFile(wheel) as z:
-        return z.read("sglang/srt/speculative/dflash_worker_v2.py").decode()
-
-
 @pytest.mark.parametrize("version", sorted(DFLASH_SOURCES))
 def test_mixin_hooks_match_each_supported_dflash_worker(version: str) -> None:
     """The real DFlashWorkerV2 cannot be imported on CPU (its import chain needs the GPU stack), so
@@ -306,6 +246,24 @@ def test_mixin_hooks_match_each_supported_dflash_worker(version: str) -> None:
     kw = {k.arg: ast.unparse(k.value) for k in decode.keywords}
     assert kw["accept_lens"] == "commit_lens" and kw["next_draft_input"] == "next_draft_input"
     assert "bonus_tokens=bonus" in body
+    # the folded head: with the sampler in the graph the round reads its `out` (and never calls the
+    # eager head), which FoldedTopK keeps as DFlash's own buffer
+    assert "self._draft_sampler.out[" in body and "draft_out.can_run_graph" in body
+    # the sampler is built before the draft graph capture and run by the capture tail hook
+    init = ast.unparse(methods["init_cuda_graphs"])
+    assert init.index("self._maybe_build_draft_sampler()") < init.index("capture_tail_hooks.append") < \
+        init.index("self._draft_worker.init_cuda_graphs(")
+    assert "make_draft_sampler_capture_hook(self._draft_sampler)" in init
+    # and DFlash's sampler has the fields and the call FoldedTopK takes over
+    sampler = class_node(src, "_DflashDraftSampler")
+    init_args = {a.arg for a in next(f for f in sampler.body if isinstance(f, ast.FunctionDef)
+                                     and f.name == "__init__").args.kwonlyargs}
+    assert {"weight", "block_size", "num_org", "org_vocab_start", "max_bs", "tp_group"} <= init_args
+    call = ast.unparse(next(f for f in sampler.body if isinstance(f, ast.FunctionDef) and f.name == "__call__"))
+    for stmt in ("hs = hidden_states.view(bs, self.block_size, -1)[:, 1:, :].reshape(-1, hidden_states.shape[-1])",
+                 "logits = torch.matmul(hs, self.weight[:self.num_org].T)",
+                 "tokens = torch.argmax(logits, dim=-1).to(torch.long)", "self.out[:n].copy_(tokens)"):
+        assert stmt in call, stmt
 
 
 @pytest.mark.parametrize("layers,line", [([0, 2], "DDTREE registered as DFlash-family, hidden capture layers [0, 2]"),

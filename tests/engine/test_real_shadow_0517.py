@@ -43,3 +43,44 @@ def test_real_gauges_read_by_smoke() -> None:
     doc = json.loads(arm["cli_smoke"]["stdout"])
     checks = {c["name"]: c for c in doc["hosts"][0]["checks"]}
     assert checks["shadow"]["status"] == "ok" and f"{last[0]} rounds accounted" in checks["shadow"]["detail"]
+
+
+# Runs 6 (tax) and 7 (truth) of issue 22/23, picked up as soon as their logs are committed here
+# (docs/realsglang.md says how they are copied); until then these skip, naming what they wait for.
+FULL = re.compile(r"DDTREE shadow: rounds=(\d+) sampled=(\d+) tau_chain=([\d.]+) tau_tree=([\d.]+|n/a) "
+                  r"tau_tree_lower=([\d.]+) cost_ratio=([\d.]+) sibling_hits=\[[\d, ]*\] recommendation=(\S+) "
+                  r"cost_from=(\S+) dropped=(\d+)")
+
+
+def _log(name: str) -> str:
+    path = REAL / name
+    if not path.exists():
+        import pytest
+
+        pytest.skip(f"{name} is not committed yet (the next device session's run)")
+    return path.read_text(errors="replace")
+
+
+def test_tax_run_folds_the_topk_into_dflash_graph_and_skips_the_relay() -> None:
+    from ddtree_ops.engine.sglang_relay import PATCHED
+
+    for arm in ("6_tax_ddtree_s025.log", "6_tax_ddtree_s100.log"):
+        text = _log(arm)
+        assert "DFLASH draft greedy head folded into the draft cuda graph (tp=1)." in text
+        assert "DDTREE shadow: top-16 taken inside the draft's CUDA graph with DFlash's head" in text
+        assert "Triton top-K failed" not in text and "Triton cannot be imported" not in text
+        assert PATCHED in text
+        reports = FULL.findall(text)
+        assert len(reports) >= 5 and reports[-1][3] != "n/a"      # greedy requests: exact figures
+
+
+def test_truth_run_reaches_a_verdict_that_the_results_file_records() -> None:
+    import json
+
+    text = _log("7_truth_ddtree_s100.log")
+    last = FULL.findall(text)[-1]
+    assert last[6] in ("promote-tree", "keep-chain") and int(last[0]) >= 1000
+    assert last[7] == "DDTREE_VERIFY_COST_RATIO"
+    doc = json.loads((Path(__file__).resolve().parents[2] / "bench" / "results" / "shadow_truth.json").read_text())
+    assert doc["shadow"]["rounds"] == int(last[0]) and doc["shadow"]["recommendation"] == last[6]
+    assert doc["shadow"]["tau_tree"] == float(last[3])

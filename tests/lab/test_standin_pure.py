@@ -364,7 +364,7 @@ def test_without_torch_the_shadow_is_off_and_says_why(monkeypatch: pytest.Monkey
 
 
 def test_the_plugins_gauges_without_prometheus_client() -> None:
-    """The lab's venv has no prometheus_client: the plugin's own _Metrics still names and sets its
+    """The lab's venv has no prometheus_client: the plugin's own ShadowMetrics still names and sets its
     gauges, through the stand-in's recorder, in Prometheus text format."""
     import sys
 
@@ -374,15 +374,15 @@ def test_the_plugins_gauges_without_prometheus_client() -> None:
     recorder = shadow._recorder_module()
     saved = sys.modules.get("prometheus_client")
     sys.modules["prometheus_client"] = recorder
-    from ddtree_ops.engine.sglang_shadow import _Metrics
+    from ddtree_ops.engine.sglang_metrics import ShadowMetrics
 
     # one set of gauges per process: an earlier test's (made with the real prometheus_client) must
     # not stand in for the recorder's
-    shared, _Metrics._shared = _Metrics._shared, None
+    shared, ShadowMetrics._shared = ShadowMetrics._shared, None
     try:
-        metrics = _Metrics(3)
+        metrics = ShadowMetrics()
     finally:
-        _Metrics._shared = shared
+        ShadowMetrics._shared = shared
         if saved is not None:
             sys.modules["prometheus_client"] = saved
     tally = BoundTally(3)

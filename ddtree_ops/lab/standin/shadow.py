@@ -5,9 +5,18 @@ builds the plugin's worker: SGLang's `DFlashWorkerV2` with the plugin's `ShadowW
 The stand-in builds the same composition: the plugin's own mixin (imported from the installed engine
 wheel) in front of `SimDFlashWorker`, which has the shape of the three DFlashWorkerV2 methods the
 mixin wraps (0.5.17: `_maybe_build_draft_sampler`, `_greedy_sample_from_vocab_parallel_head`,
-`forward_batch_generation`) and drafts from a small random head. So every `DDTREE ...` line, when
-it is printed and what it says, and the Prometheus gauges, come from the plugin's code, fed with
-simulated rounds whose committed lengths are the stand-in's per-request acceptance.
+`forward_batch_generation`) and drafts from a small random head. Its draft sampler has the shape
+of DFlash's `_DflashDraftSampler` (the plugin folds its top-K into it, as on a GPU), and a "graph
+replay" calls it as SGLang's captured graph runs it. Each request is a `SimRequest` whose
+`output_ids` grow by what each round commits (the chain's accepted drafts and the bonus), as
+SGLang's scheduler fills them: the plugin's exact greedy accounting reads them. So every `DDTREE
+...` line, when it is printed and what it says, and the Prometheus gauges, come from the plugin's
+code, fed with simulated rounds whose committed lengths are the stand-in's per-request acceptance.
+
+Under `SGLANG_SIMULATE_ACC_LEN` (the real runs' knob for random weights) the draft is as flat as a
+random-weight model's and the bonus an arbitrary token, as on the H200: the tree then spreads
+wide at depth 1 and the real runs' verdict (the chain's forced tokens beat it) is what the
+stand-in's plugin reaches too.
 
 Without the plugin (not installed, or torch missing for its accounting) nothing of this runs: the
 stand-in serves as SGLang's DFlash worker alone.
@@ -26,7 +35,9 @@ from . import lines, sglog
 PLUGIN_FACTORY = ("ddtree_ops.engine.sglang_plugin", "worker_factory")
 SIM_VOCAB = 512  # the simulated draft head: small, so a verify round costs microseconds on a CPU
 SIM_HIDDEN = 32
+SIM_MAX_BS = 8       # the largest captured draft graph (h200.yaml: cuda_graph_max_bs 8)
 SIM_SHARPNESS = 3.0  # a trained drafter is confident: its top choice holds most of the mass
+SIM_FLAT = 0.05      # random weights (the real runs under SGLANG_SIMULATE_ACC_LEN): nearly uniform
 
 
 def is_plugin_worker(algo: Any) -> bool:
@@ -65,21 +76,61 @@ class _Mode:
         return False
 
 
+class SimRequest:
+    """SGLang's Req as the plugin reads it: the prompt, the committed outputs, greedy params."""
+
+    def __init__(self, prompt_len: int) -> None:
+        self.origin_input_ids = [0] * max(1, prompt_len)
+        self.output_ids: list[int] = []
+        self.sampling_params = types.SimpleNamespace(top_k=1, temperature=1.0)   # temperature 0, normalised
+        self.done = False
+
+    def finished(self) -> bool:
+        return self.done
+
+
 class _Batch:
-    def __init__(self, mode: str, commits: list[int]) -> None:
+    def __init__(self, mode: str, commits: list[int], reqs: Optional[list[SimRequest]] = None) -> None:
+        import torch
+
         self.forward_mode, self.is_extend_in_batch, self.commits = _Mode(mode), mode == "extend", commits
+        self.reqs = reqs
+        self.seq_lens = (torch.tensor([len(r.origin_input_ids) + len(r.output_ids) - 1 for r in reqs])
+                         if reqs else None)
+
+
+class _DflashDraftSampler:
+    """DFlash's in-graph greedy head, as both supported releases define it (the plugin's tests
+    hold the real class to the same fields and call): an argmax over the head into `out`."""
+
+    def __init__(self, *, weight: Any, block_size: int, num_org: int, org_vocab_start: int, max_bs: int) -> None:
+        import torch
+
+        self.weight, self.block_size, self.num_org, self.org_vocab_start = weight, block_size, num_org, org_vocab_start
+        self.tp_size = 1
+        self.out = torch.empty((max_bs * (block_size - 1),), dtype=torch.int64)
+
+    def __call__(self, hidden_states: Any, input_ids: Any = None) -> None:
+        import torch
+
+        bs = hidden_states.shape[0] // self.block_size
+        hs = hidden_states.view(bs, self.block_size, -1)[:, 1:, :].reshape(-1, hidden_states.shape[-1])
+        n = hs.shape[0]
+        self.out[:n].copy_(torch.argmax(torch.matmul(hs, self.weight[: self.num_org].T), dim=-1))
 
 
 class SimDFlashWorker:
     """DFlashWorkerV2's shape where the mixin hooks in; the target's runner carries the capture
     layers (`spec_aux_config.dflash_target_layer_ids`) as SGLang's does."""
 
-    def __init__(self, block_size: int, capture_layers: Optional[list[int]], seed: int = 0) -> None:
+    def __init__(self, block_size: int, capture_layers: Optional[list[int]], seed: int = 0,
+                 sharpness: float = SIM_SHARPNESS) -> None:
         import torch
 
         # the simulated tensors are tiny: worker threads only contend (35x slower on a busy 2-core box)
         torch.set_num_threads(1)
         self.block_size = int(block_size)
+        self.sharpness = sharpness
         aux = types.SimpleNamespace(dflash_target_layer_ids=capture_layers)
         self.model_runner = types.SimpleNamespace(spec_aux_config=aux,
                                                   model_config=types.SimpleNamespace(vocab_size=SIM_VOCAB))
@@ -89,14 +140,21 @@ class SimDFlashWorker:
         self._rng = random.Random(seed)
         self._draft_sampler: Any = None
         self._draft_block_tokens_buf: Any = None
+        self.committed: list[list[int]] = []     # per row of the last round: what the scheduler appends
 
-    # ---- DFlashWorkerV2.init_cuda_graphs: the sampler is built before the draft graph capture
+    # ---- DFlashWorkerV2.init_cuda_graphs: the sampler is built before the draft graph capture,
+    # and SGLang's capture warms it up (here: once, at the largest size)
     def init_cuda_graphs(self) -> None:
+        import torch
+
         self._draft_sampler = self._maybe_build_draft_sampler()
+        if self._draft_sampler is not None:
+            self._draft_sampler(torch.zeros(SIM_MAX_BS * self.block_size, SIM_HIDDEN), None)
 
     def _maybe_build_draft_sampler(self) -> Any:
         sglog.info(lines.DRAFT_HEAD_FOLDED)
-        return "in-graph greedy head"
+        return _DflashDraftSampler(weight=self.lm_head.weight, block_size=self.block_size, num_org=SIM_VOCAB,
+                                   org_vocab_start=0, max_bs=SIM_MAX_BS)
 
     def _greedy_sample_from_vocab_parallel_head(self, *, hidden_states: Any, lm_head: Any, chunk_size: int = 256) -> Any:
         import torch
@@ -112,23 +170,27 @@ class SimDFlashWorker:
             return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
         batch.forward_mode = _Mode("target_verify")   # as real 0.5.17 hands the batch back
         bs, width = len(batch.commits), self.block_size
-        hidden = SIM_SHARPNESS * torch.randn(bs * (width - 1), SIM_HIDDEN, generator=self._gen)
-        if self._draft_sampler is None:      # eager head (no graph, or kept eager by a plugin)
+        full = self.sharpness * torch.randn(bs * width, SIM_HIDDEN, generator=self._gen)
+        hidden = full.view(bs, width, -1)[:, 1:, :].reshape(-1, SIM_HIDDEN)
+        if self._draft_sampler is not None and bs <= SIM_MAX_BS:   # the graph replays the folded head
+            self._draft_sampler(full, None)
+            draft = self._draft_sampler.out[:bs * (width - 1)].clone()
+        else:                                # eager head (no graph, or a batch beyond the graphs)
             draft = self._greedy_sample_from_vocab_parallel_head(hidden_states=hidden, lm_head=self.lm_head)
-        else:                                # the head folded into the graph: no eager call
-            draft = torch.argmax(hidden @ self.lm_head.weight.T, dim=-1)
         chain = draft.view(bs, width - 1)
-        self._draft_block_tokens_buf = torch.cat([torch.zeros((bs, 1), dtype=chain.dtype), chain], dim=1)
+        roots = [int(r.output_ids[-1]) if r.output_ids else 0 for r in (batch.reqs or [])] or [0] * bs
+        self._draft_block_tokens_buf = torch.cat([torch.tensor(roots, dtype=chain.dtype).view(bs, 1), chain], dim=1)
         commit = torch.tensor([max(1, min(int(c), width)) for c in batch.commits], dtype=torch.int32)
         bonus = []
         logits = (hidden @ self.lm_head.weight.T).view(bs, width - 1, -1)
         for b, c in enumerate(commit.tolist()):
             depth = c - 1                    # drafts accepted; the bonus sits at this depth
-            if depth < width - 1 and self._rng.random() < 0.3:
+            if self.sharpness >= SIM_SHARPNESS and depth < width - 1 and self._rng.random() < 0.3:
                 # the target's token is the draft's second choice there: a sibling the tree holds
                 bonus.append(int(torch.topk(logits[b, depth], 2).indices[1]))
             else:
                 bonus.append(self._rng.randrange(SIM_VOCAB))
+        self.committed = [chain[b, :c - 1].tolist() + [bonus[b]] for b, c in enumerate(commit.tolist())]
         return types.SimpleNamespace(accept_lens=commit,
                                      next_draft_input=types.SimpleNamespace(bonus_tokens=torch.tensor(bonus)))
 
@@ -138,18 +200,27 @@ class ShadowRun:
     forward without graphs), fed the prefill and every verify round of every request."""
 
     def __init__(self, mixin: type, block_size: int, capture_layers: Optional[list[int]]) -> None:
+        import os
+
         cls = type("DDTreeShadowWorker", (mixin, SimDFlashWorker), {})
-        self.worker = cls(block_size, capture_layers)
+        flat = bool(os.environ.get("SGLANG_SIMULATE_ACC_LEN"))
+        self.worker = cls(block_size, capture_layers, sharpness=SIM_FLAT if flat else SIM_SHARPNESS)
+        self.request: Optional[SimRequest] = None
 
     def init_cuda_graphs(self) -> None:
         self.worker.init_cuda_graphs()
 
-    def prefill(self) -> None:
+    def prefill(self, prompt_tokens: int = 8) -> None:
+        self.request = SimRequest(prompt_tokens)
+        self.request.output_ids.append(self.worker._rng.randrange(SIM_VOCAB))   # the prefill's token
         self.worker.forward_batch_generation(_Batch("extend", []))
 
     def rounds(self, commits: list[int]) -> None:
+        req = self.request or SimRequest(8)
         for c in commits:
-            self.worker.forward_batch_generation(_Batch("decode", [c]))
+            self.worker.forward_batch_generation(_Batch("decode", [c], [req]))
+            req.output_ids.extend(self.worker.committed[0])       # what the scheduler appends
+        req.done = True
         state = self.worker.__dict__.get("_ddtree_state")
         if state is not None:     # a request's last round is accounted before its answer returns
             state.drain(wait=True)
