@@ -11,6 +11,7 @@ import torch
 from dflash_fakes import VERSIONS, FakeBatch, FakeDFlash, class_node, dflash_worker_source
 
 from ddtree_ops.engine.shadow import (
+    BoundTally,
     INCONCLUSIVE,
     KEEP_CHAIN,
     PROMOTE,
@@ -30,6 +31,31 @@ def test_sign_test_exact_values() -> None:
     assert sign_test([0.0, 0.0]) == (1.0, 1.0, 0)
     p_pos, p_neg, n = sign_test([1, -1, 1, 0])
     assert n == 3 and p_pos == pytest.approx(0.5) and p_neg == pytest.approx(0.875)
+
+
+def test_sign_test_tail_matches_the_exact_binomial() -> None:
+    import math
+
+    from ddtree_ops.engine.shadow import half_binomial_tail
+
+    for n in range(1, 90):
+        for k in range(-1, n + 2):
+            exact = sum(math.comb(n, i) for i in range(max(k, 0), n + 1)) / 2 ** n if k <= n else 0.0
+            assert half_binomial_tail(n, k) == pytest.approx(exact, rel=1e-9, abs=1e-300)
+
+
+@pytest.mark.timeout(60)
+def test_a_serving_report_over_a_million_rounds_returns() -> None:
+    """The plugin reports every few rounds over all rounds so far: the test must not grow with
+    them (summing big-integer binomials did, and stalled real SGLang at share 1.0)."""
+    tally = BoundTally(horizon=15, cost_ratio=1.09)
+    for _ in range(200):
+        tally.add(3, 2)
+    tally.rounds = tally.neg = 1_000_000            # as after a day of serving
+    tally.chain_sum, tally.lower_sum = 3_000_000, 2_000_000
+    for _ in range(50):
+        rep = tally.report()
+    assert rep.recommendation == INCONCLUSIVE and rep.p_tree_better == pytest.approx(1.0)
 
 
 def ledger_with(tree: list[int], chain: list[int], tree_s: float, chain_s: float) -> ShadowLedger:
