@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -322,11 +321,6 @@ class LiveDiagnosis:
         times = self.line_us.get(invocation) or []
         return times[line - 1][0] if 0 < line <= len(times) else None
 
-    def raw_line(self, invocation: str, line: int) -> str:
-        """The journal message as written, with SGLang's rank prefix (`[... TP1]`) the cleaned text drops."""
-        times = self.line_us.get(invocation) or []
-        return times[line - 1][1] if 0 < line <= len(times) else ""
-
     def combined(self) -> Report:
         """One report: hardware first, then the journal's own cause, then host and static evidence."""
         from dataclasses import replace
@@ -528,6 +522,3 @@ def check_memory(report: Report, plan: Any) -> Check:
                  detail if gap <= 0.10 else detail + ": the server saw different inputs than the profile "
                  "describes (GPU memory held elsewhere, another checkpoint or other flags)")
 
-
-def describe_argv(argv: list[str]) -> str:
-    return shlex.join(argv)

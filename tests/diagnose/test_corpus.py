@@ -107,7 +107,7 @@ def test_memory_lines_are_parsed_into_numbers() -> None:
     m = rep.memory
     assert (m.kv_tokens, m.k_size_gb, m.v_size_gb) == (141312, 9.70, 9.70)
     assert m.max_total_num_tokens == 141312 and m.available_gpu_mem_gb == 9.45
-    assert m.weights_gb == 15.36 and m.cuda_graph_gb == 0.35 and m.context_len == 32768
+    assert m.weights_gb == 15.36 and m.context_len == 32768
     assert rep.ready_line == 20
     assert rep.accept.recent == (3.41,)
 

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddtree_ops.diagnose.classify import (CatalogueError, Scanner, _screen_for, classify, classify_bytes,
+from ddtree_ops.diagnose.classify import (CatalogueError, Scanner, classify, classify_bytes, screen_for,
                                           load_catalogue, parse_catalogue)
 
 BUDGET_S = 10.0
@@ -70,7 +70,7 @@ def test_every_pattern_is_found_by_the_keyword_screen(rule_index: int) -> None:
     """Strings generated from each pattern, in a journald line, are hit by the screen and classified."""
     cat = load_catalogue()
     rule = cat.rules[rule_index]
-    screen = _screen_for(cat)
+    screen = screen_for(cat)
     if rule.frames or rule.raised_in:
         pytest.skip("matches only inside a traceback from given files (tested with fixtures)")
 
