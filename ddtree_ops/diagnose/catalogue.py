@@ -31,6 +31,8 @@ LABELS = (
     # added with issues 11 and 12 (what the field shows and the first list lacked)
     "shadow_accounting_off", "device_assert", "native_abort", "kernel_op_missing",
     "remote_code_module_missing", "req_slots_exhausted", "kv_exhausted_serving",
+    # added with issue 20: a SIGKILL whose sender the log does not name is not host OOM
+    "killed_by_signal",
 )
 SEVERITIES = ("fatal", "warning", "benign", "info")
 ROLES = ("cause", "wrapper", "downstream", "consequence", "backstop", "benign", "info")
@@ -42,7 +44,7 @@ XID_VARIANTS = ("hardware", "application")  # a rule with xid_hardware words bot
 # report at 1.00 (found as a whole needle: its bytes are those of every healthy decode line).
 ACCEPT = "accept len: "
 ACCEPT_NEEDLE = "accept len: 1.0"
-EXTRA_KEYWORDS = (journal.TRACEBACK_HEADER,)
+EXTRA_KEYWORDS = (journal.TRACEBACK_HEADER, "CUDA_VISIBLE_DEVICES")
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ class Catalogue:
     anchors: tuple[str, ...] = ()  # the keyword screen's anchor bytes (see screen.plan_screen)
     derived: tuple[tuple[str, Variant], ...] = ()  # findings the scanner builds from several lines
     algorithm_checks: tuple[tuple[str, str], ...] = ()  # speculative algorithm -> what to check
+    flag_keys: tuple[tuple[str, str], ...] = ()  # SGLang argument (normalised) -> the profile key that renders it
 
     @property
     def by_id(self) -> dict[str, Rule]:
@@ -139,9 +142,22 @@ class Catalogue:
     def derived_finding(self, rule_id: str) -> Variant:
         return next(v for k, v in self.derived if k == rule_id)
 
+    def key_of(self, flag: str) -> str | None:
+        """The profile key behind an SGLang argument (`--context-length`, `context_length`)."""
+        return _flag_table(self.flag_keys).get(normal_flag(flag))
+
     def algorithm_check(self, algorithm: str) -> str:
         table = dict(self.algorithm_checks)
         return table.get(algorithm.upper()) or table.get("DEFAULT", "")
+
+
+def normal_flag(flag: str) -> str:
+    return flag.strip().lstrip("-").replace("-", "_").lower()
+
+
+@lru_cache(maxsize=4)
+def _flag_table(pairs: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    return dict(pairs)
 
 
 def _variant(raw: Any, name: str, where: str, base: dict[str, Any], facts: tuple[str, ...]) -> Variant:
@@ -248,8 +264,11 @@ def parse_catalogue(text: str) -> Catalogue:
     checks = doc.get("algorithm_checks") or {}
     if not isinstance(checks, dict) or not all(isinstance(v, str) for v in checks.values()):
         raise CatalogueError("algorithm_checks must map an algorithm name to a text")
-    # the screen only has to find lines a non-benign rule can claim: a benign veto is checked on
-    # the lines the screen finds, so its own keywords need no anchor
+    flags = doc.get("flag_keys") or {}
+    if not isinstance(flags, dict) or not all(isinstance(v, str) for v in flags.values()):
+        raise CatalogueError("flag_keys must map an SGLang argument to a profile key")
+    _check_tiers(rules)
+    # the unit's own start/stop lines are looked back for when shutdown noise follows (no anchor)
     screened = [(r, p) for r in rules if screened_rule(r) for p in r.patterns]
     plan = plan_screen([literal_options(p) for _, p in screened], EXTRA_KEYWORDS)
     chosen: dict[tuple[str, str], tuple[str, ...]] = {(r.id, p): s for (r, p), s in zip(screened, plan.per_pattern, strict=True)}
@@ -261,7 +280,25 @@ def parse_catalogue(text: str) -> Catalogue:
             lits.extend(s)
         out.append(replace(r, literals=tuple(dict.fromkeys(lits))))
     return Catalogue(rules=tuple(out), version=int(doc.get("version", 1)), anchors=plan.anchors, derived=derived,
-                     algorithm_checks=tuple((str(k).upper(), " ".join(v.split())) for k, v in checks.items()))
+                     algorithm_checks=tuple((str(k).upper(), " ".join(v.split())) for k, v in checks.items()),
+                     flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()))
+
+
+SIGNATURE_ROLES = ("cause", "wrapper", "downstream")  # a rule that names a failure by its own text
+GENERIC_ROLES = ("consequence", "backstop")  # secondary symptoms and any-exception evidence
+
+
+def _check_tiers(rules: tuple[Rule, ...]) -> None:
+    """A benign phrase never outranks a failure's signature on its line: benign rules come after
+    every cause, wrapper and downstream rule, and before the generic evidence (consequences,
+    backstops) that a harmless message must not be taken for (a rejected request's traceback)."""
+    last_signature = max((r.order for r in rules if r.role in SIGNATURE_ROLES), default=-1)
+    first_generic = min((r.order for r in rules if r.role in GENERIC_ROLES), default=len(rules))
+    for r in rules:
+        if r.severity == "benign" and not last_signature < r.order < first_generic:
+            raise CatalogueError(f"rule {r.id!r}: a benign rule must come after every cause, wrapper and downstream "
+                                 "rule and before the consequences and backstops (a benign phrase never outranks a "
+                                 "failure's signature)")
 
 
 # Findings the scanner builds from more than one line, and the facts their text may use.
@@ -294,11 +331,11 @@ def load_catalogue(path: str | None = None) -> Catalogue:
 def screened_rule(rule: Rule) -> bool:
     """Whether the screen must find this rule's lines by itself.
 
-    Benign vetoes only matter on lines another rule claims, and a start or stop of the unit only
-    matters once shutdown noise follows: those lines are looked back for then (`lookback_rx`), so
-    their lowercase words ("Stopping x.service") cost no pass over every healthy byte.
+    A start or stop of the unit only matters once shutdown noise follows: those lines are looked
+    back for then (`lookback_rx`), so their lowercase words ("Stopping x.service") cost no pass
+    over every healthy byte.
     """
-    return rule.severity != "benign" and rule.context not in ("start", "stop")
+    return rule.context not in ("start", "stop")
 
 
 @lru_cache(maxsize=4)

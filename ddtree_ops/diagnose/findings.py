@@ -31,6 +31,7 @@ class Finding:
     hardware: bool = False  # an Xid that means "do not roll back the software"
     frames: tuple[str, ...] = ()  # inside a traceback: the innermost frame, ours, the engine's
     signature: str = ""  # for an unnamed crash: a one-line signature to search issue trackers for
+    context: str = ""  # the lines of the log that named the cause (server_args, the raising frame)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,6 +41,7 @@ class Finding:
             **({"hardware": True} if self.hardware else {}),
             **({"frames": list(self.frames)} if self.frames else {}),
             **({"signature": self.signature} if self.signature else {}),
+            **({"context": self.context} if self.context else {}),
         }
 
 
@@ -56,6 +58,7 @@ class Report:
     accept: AcceptStats = field(default_factory=AcceptStats)
     suppressed: dict[str, int] = field(default_factory=dict)  # rule id -> findings not kept
     launch: dict[str, Any] = field(default_factory=dict)  # what the log says about this start (algorithm, weights, stop)
+    claimed: dict[str, int] = field(default_factory=dict)  # rule id -> lines it claimed (not in the JSON)
 
     @property
     def dummy_weights(self) -> bool:
@@ -78,7 +81,8 @@ class Report:
                   "text": f.text, "profile_key": f.profile_key, "direction": f.direction,
                   "rule_id": f.rule_id, "meaning": f.meaning, **({"hardware": True} if f.hardware else {}),
                   **({"frames": list(f.frames)} if f.frames else {}),
-                  **({"signature": f.signature} if f.signature else {})}
+                  **({"signature": f.signature} if f.signature else {}),
+                  **({"context": f.context} if f.context else {})}
         doc: dict[str, Any] = {
             "verdict": self.verdict,
             "root_cause": rc,

@@ -33,7 +33,7 @@ from typing import IO
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, index_for, load_catalogue, lookback_rx,
                                            screen_for)
-from ddtree_ops.diagnose.context import RESOLVERS, Clues, LaunchContext, note_launch
+from ddtree_ops.diagnose.context import DECLINE, RESOLVERS, Clues, LaunchContext, Resolution, note_launch, note_visible
 from ddtree_ops.diagnose.facts import ACCEPT_RX, ACCEPT_STREAK, AcceptTracker, MemoryFacts, parse_memory
 from ddtree_ops.diagnose.findings import Finding, Report, crash_signature
 from ddtree_ops.diagnose.root import choose_root, verdict_of
@@ -81,7 +81,8 @@ class Scanner:
         self._index = index_for(self.cat)
         self._lookback_rx = lookback_rx(self.cat)  # looked up once: hashing a catalogue is not free
         self._rules = self.cat.rules
-        self._by_id = self.cat.by_id
+        # an exception no rule names is kept as the catalogue's generic backstop's evidence
+        self._backstop = next((r for r in self.cat.rules if r.role == "backstop"), None)
         self._defer = {r.id: r.defer_within for r in self.cat.rules if r.defer_within}
         self._tb = journal.TracebackTracker()
         self._ctx = LaunchContext()
@@ -95,6 +96,7 @@ class Scanner:
         self._ready_line: int | None = None
         self._memory = MemoryFacts()
         self._accept = AcceptTracker()
+        self._claimed: dict[str, int] = {}  # rule id -> lines it claimed (info and benign rules too)
         self._json: bool | None = None  # decided on the first non-blank input
         self._partial = b""  # an incomplete last line from feed_bytes
         self._buf: bytes = b""  # the block being scanned, and the offset of the current line in it
@@ -172,7 +174,7 @@ class Scanner:
         verdict = verdict_of(root, findings)
         return Report(verdict=verdict, root_cause=root, findings=findings, lines=self._line,
                       ready_line=self._ready_line, memory=self._memory, accept=self._accept.stats(),
-                      suppressed=dict(self._suppressed), launch=self._ctx.to_json())
+                      suppressed=dict(self._suppressed), launch=self._ctx.to_json(), claimed=dict(self._claimed))
 
     # ---------------------------------------------------------------- blocks
 
@@ -300,6 +302,7 @@ class Scanner:
             for i in self._index.candidates(text):
                 rule = self._rules[i]
                 if rule.context in ("start", "stop") and rule.search(text):
+                    self._claimed[rule.id] = self._claimed.get(rule.id, 0) + 1
                     self._note_context(rule, text, self._lineno_at(lo + ls - carried) if ls >= carried else 0)
                     break
 
@@ -367,6 +370,7 @@ class Scanner:
                 if known < 0:
                     return  # a shape that no rule claims (a screen false positive)
                 rid = self._rules[known].id
+                self._claimed[rid] = self._claimed.get(rid, 0) + 1
                 n = self._per_rule.get(rid, 0)
                 if n >= MAX_PER_RULE:
                     # the rule has its examples: this copy is only counted
@@ -385,17 +389,22 @@ class Scanner:
         has_accept = ACCEPT in text
         if has_accept:
             self._accept_line(text, lineno)
+        if "CUDA_VISIBLE_DEVICES" in text:
+            note_visible(self._ctx, text)  # which cards this start was given, where the log says it
+            has_accept = True  # (its value is not in the message shape: never memoised)
         cands = self._index.candidates(text)
-        rule, m = self._match(text, group, cands)
+        rule, m, named = self._match(text, group, cands)
         if key is not None and kind == "other" and group is None and not has_accept \
                 and (rule is None or rule.plain) and not any(self._rules[i].digit_sensitive for i in cands):
             if len(self._memo) >= MAX_MEMO:
                 self._memo.clear()
             self._memo[key] = -1 if rule is None else rule.order
+        if rule is not None:
+            self._claimed[rule.id] = self._claimed.get(rule.id, 0) + 1
         if rule is None:
-            if kind == "exc" and group is not None:
+            if kind == "exc" and group is not None and self._backstop is not None:
                 # a traceback ended in an exception no rule names: keep it as generic evidence
-                self._add(self._by_id["python_exception"], text, text, lineno, group)
+                self._add(self._backstop, text, text, lineno, group)
             return
         if rule.severity == "info":
             self._info(rule, text, lineno)
@@ -407,9 +416,14 @@ class Scanner:
         evidence = text[m.start(): max(m.end(), min(len(text), m.start() + 160))] if m is not None else text
         if rule.role == "backstop":
             evidence = text.strip()[:300]
-        self._add(rule, text, evidence, lineno, group)
+        self._add(rule, text, evidence, lineno, group, named)
 
-    def _match(self, text: str, group: int | None, cands: tuple[int, ...]) -> tuple[Rule | None, re.Match[str] | None]:
+    def _match(self, text: str, group: int | None,
+               cands: tuple[int, ...]) -> tuple[Rule | None, re.Match[str] | None, Resolution | None]:
+        """The first rule (by priority) that claims the line, its match, and what its resolver named.
+
+        A resolver may decline (`DECLINE`): the log's context does not support the rule's cause,
+        and the next rule gets the line."""
         rules = self._rules
         raised: list[str] | None = None
         for i in cands:
@@ -425,9 +439,17 @@ class Scanner:
                     if not any(fr in path for path in raised for fr in rule.raised_in):
                         continue
             m = rule.search(text)
-            if m is not None:
-                return rule, m
-        return None, None
+            if m is None:
+                continue
+            named: Resolution | None = None
+            if rule.resolve is not None:
+                named = RESOLVERS[rule.resolve][0](Clues(
+                    self._ctx, text, self._tb.part if group is not None else [], group is not None,
+                    self._spec_setting_just_before, self.cat.key_of))
+                if named is DECLINE:
+                    continue
+            return rule, m, named
+        return None, None, None
 
     def _info(self, rule: Rule, text: str, lineno: int) -> None:
         if rule.context is not None:
@@ -442,7 +464,7 @@ class Scanner:
         ctx = self._ctx
         what = rule.context
         if what == "launch":
-            note_launch(ctx, text)
+            note_launch(ctx, text, lineno)
         elif what == "start":
             ctx.stop_line = None
         elif what == "stop":
@@ -468,23 +490,20 @@ class Scanner:
             remedy=remedy, profile_key=v.profile_key, direction=v.direction, rule_id="accept_len_stuck_at_one",
             role="cause", meaning=meaning))
 
-    def _add(self, rule: Rule, text: str, evidence: str, lineno: int, group: int | None) -> None:
+    def _add(self, rule: Rule, text: str, evidence: str, lineno: int, group: int | None,
+             named: Resolution | None = None) -> None:
         severity, label, hardware, direction = rule.severity, rule.label, False, rule.direction
         remedy, meaning, profile_key = rule.remedy, rule.meaning, rule.profile_key
-        variant, facts = None, {}
+        variant, facts, context = None, {}, ""
         if rule.xid_hardware:
             m = _XID_RX.search(text)
             code = int(m.group(1)) if m else -1
             hardware = code in rule.xid_hardware
             variant, facts = rule.variant("hardware" if hardware else "application"), {"code": str(code)}
-        elif rule.resolve is not None:
-            fn = RESOLVERS[rule.resolve][0]
-            named = fn(Clues(self._ctx, text, self._tb.part if group is not None else [], group is not None,
-                             self._spec_setting_just_before))
-            if named is not None:
-                variant, facts = rule.variant(named.variant), named.facts
-                if "algorithm" in facts:
-                    facts = {**facts, "algorithm_check": self.cat.algorithm_check(facts["algorithm"])}
+        elif named is not None:
+            variant, facts, context = rule.variant(named.variant), named.facts, named.context
+            if "algorithm" in facts:
+                facts = {**facts, "algorithm_check": self.cat.algorithm_check(facts["algorithm"])}
         if variant is not None:
             label, severity, direction, profile_key = variant.label, variant.severity, variant.direction, variant.profile_key
             meaning, remedy = variant.filled(facts)
@@ -511,7 +530,7 @@ class Scanner:
         f = Finding(label=label, severity=severity, line=lineno, text=text[:MAX_TEXT_CHARS],
                     evidence=evidence[:MAX_TEXT_CHARS], remedy=remedy, profile_key=profile_key,
                     direction=direction, rule_id=rule.id, role=rule.role, meaning=meaning,
-                    group=group, hardware=hardware, frames=frames, signature=signature)
+                    group=group, hardware=hardware, frames=frames, signature=signature, context=context)
         if held:
             # generic evidence waits for the end of its traceback, where a specific cause may follow
             self._pending.append(f)
@@ -531,9 +550,9 @@ class Scanner:
     def _pending_settled(self) -> list[Finding]:
         """Findings of a traceback still open at report time (the input ended inside it)."""
         out = list(self._pending)
-        if self._tb.open and not any(f.role != "consequence" for f in out):
+        rule = self._backstop
+        if rule is not None and self._tb.open and not any(f.role != "consequence" for f in out):
             start = self._tb.starts.get(self._tb.group, 0)
-            rule = self._by_id["python_exception"]
             severity = "benign" if self._ctx.stop_line is not None else rule.severity
             out.append(Finding(label=rule.label, severity=severity, line=start, text=journal.TRACEBACK_HEADER,
                                evidence=journal.TRACEBACK_HEADER, remedy=rule.remedy, profile_key=None,
