@@ -64,11 +64,13 @@ def choose_root(findings: list[Finding], group_starts: dict[int, int] | None = N
 
 
 def _deferred(root: Finding, fatal: list[Finding], window: int) -> Finding:
-    """A wrapper or banner yields to the cause it announces (same traceback or the next lines)."""
-    if root.role not in ("wrapper", "consequence"):
+    """A wrapper or banner yields to the cause it announces (same traceback or the next lines);
+    an echo whose message names its own cause a few lines on (NCCL's "Last error:") yields to it."""
+    if root.role not in ("wrapper", "consequence", "downstream"):
         return root
+    wanted = ("cause",) if root.role == "downstream" else ("cause", "downstream")
     for f in fatal:
-        if f.line < root.line or f is root or f.role not in ("cause", "downstream"):
+        if f.line < root.line or f is root or f.role not in wanted:
             continue
         same_group = root.group is not None and f.group == root.group
         if same_group or (window and f.line - root.line <= window):

@@ -50,6 +50,7 @@ _SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|
 # a line that can end a traceback: what the frames before it were raising
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 _XID_RX = re.compile(r"NVRM: Xid \([^)]{0,64}\): ([0-9]{1,4})")
+_RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(")
 _ACCEPT_B = ACCEPT.encode()
 _DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
 
@@ -384,8 +385,10 @@ class Scanner:
         group, kind = self._tb.step(text, new_record, lineno)
         if was_open and group is None:
             self._settle_group()
-        if kind in ("frame", "code"):
-            return  # source code quoted by a traceback (`raise HFValidationError(`) is not an error
+        if kind in ("frame", "code") or (group is None and _RAISE_CODE.match(text)):
+            # source code quoted by a traceback (`raise HFValidationError(`), with or without its
+            # frame line (pasted excerpts), is not an error message
+            return
         has_accept = ACCEPT in text
         if has_accept:
             self._accept_line(text, lineno)

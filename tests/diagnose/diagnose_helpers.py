@@ -153,8 +153,10 @@ BENIGN_EVIDENCE_NOT_A_WARNING = {
 }
 
 
-def misses(report: object, exp: Expect) -> list[str]:
-    """How a report differs from what the log's expectation says (empty when it holds)."""
+def misses(report: object, exp: Expect, lines: list[bytes] | None = None) -> list[str]:
+    """How a report differs from what the log's expectation says (empty when it holds). The
+    evidence substring is looked for in the root cause's line as given (`lines`, unwrapped: the
+    index quotes lines with their record prefixes) and in its cleaned text."""
     rep = report  # a classify.Report
     out: list[str] = []
     evidence = exp.evidence
@@ -165,7 +167,9 @@ def misses(report: object, exp: Expect) -> list[str]:
     if got != exp.label:
         out.append(f"root {got} ({rc.rule_id if rc else '-'}) != {exp.label}")
     if evidence is not None and rc is not None and evidence not in rc.text:
-        out.append(f"evidence {evidence!r} not in {rc.text[:120]!r}")
+        given = lines[rc.line - 1].decode("utf-8", "replace") if lines and 0 < rc.line <= len(lines) else ""
+        if evidence not in given:
+            out.append(f"evidence {evidence!r} not in line {rc.line}: {rc.text[:120]!r}")
     if exp.verdict == "degraded":
         warned = sorted({f.label for f in rep.warnings})  # type: ignore[attr-defined]
         if warned != sorted(exp.warnings):

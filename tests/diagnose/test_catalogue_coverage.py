@@ -61,7 +61,7 @@ def _cases() -> tuple[tuple[str, tuple[bytes, ...], Expect], ...]:
 def _failures(cat: Catalogue) -> dict[str, list[str]]:
     out = {}
     for name, lines, exp in _cases():
-        got = misses(classify(list(lines), cat), exp)
+        got = misses(classify(list(lines), cat), exp, list(lines))
         if got:
             out[name] = got
     return out
