@@ -358,6 +358,7 @@ RESOLVERS: dict[str, tuple[Resolver, tuple[str, ...], tuple[str, ...]]] = {
     "draft_shape": (resolve_draft_shape, ("draft_shape",), ("got", "want", "where")),
     "context_limit": (resolve_context_limit, ("target", "draft"), ("want", "limit")),
     "flag_named": (resolve_flag_named, ("named",), ("flag", "key", "value")),
-    "gpu_visibility": (resolve_gpu_visibility, ("cards",), ("given", "tp")),
+    # `host` is chosen by `diagnose HOST` (live.gpu_visibility), which knows the profile and the host's cards
+    "gpu_visibility": (resolve_gpu_visibility, ("cards", "host"), ("given", "tp", "ranks", "host_cards", "fix")),
     "gpu_arch": (resolve_gpu_arch, ("backend", "kernel"), ("arch", "backend")),
 }
