@@ -19,8 +19,8 @@ from typing import Any
 
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.context import RESOLVERS
-from ddtree_ops.diagnose.screen import (CatalogueError, KeywordIndex, Screen, best_literal_set, build_screen,
-                                        digit_sensitive, literal_options, plan_screen, trie_regex)
+from ddtree_ops.diagnose.screen import (CatalogueError, HyperscanScreen, KeywordIndex, Screen, best_literal_set,
+                                        build_screen, digit_sensitive, literal_options, plan_screen, trie_regex)
 
 LABELS = (
     "healthy", "benign_warning", "kv_pool_too_small", "cuda_oom", "host_oom", "cuda_lib_load",
@@ -95,6 +95,7 @@ class Rule:
     variants: tuple[Variant, ...] = ()  # what `resolve` (or the Xid class) chooses between
     literals: tuple[str, ...] = ()  # any-of: a line matching any pattern holds one of these
     digit_sensitive: bool = False  # a pattern can tell lines apart that differ only in digits
+    sensitive_literals: tuple[str, ...] = ()  # the keywords of those patterns (a line without them is safe)
 
     def search(self, text: str) -> re.Match[str] | None:
         for rx in _compiled(self.patterns):
@@ -275,10 +276,13 @@ def parse_catalogue(text: str) -> Catalogue:
     out = []
     for r in rules:
         lits: list[str] = []
+        sensitive: list[str] = []
         for p in r.patterns:
             s = chosen.get((r.id, p)) or best_literal_set(literal_options(p))
             lits.extend(s)
-        out.append(replace(r, literals=tuple(dict.fromkeys(lits))))
+            if digit_sensitive(p):
+                sensitive.extend(s)
+        out.append(replace(r, literals=tuple(dict.fromkeys(lits)), sensitive_literals=tuple(dict.fromkeys(sensitive))))
     return Catalogue(rules=tuple(out), version=int(doc.get("version", 1)), anchors=plan.anchors, derived=derived,
                      algorithm_checks=tuple((str(k).upper(), " ".join(v.split())) for k, v in checks.items()),
                      flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()))
@@ -345,7 +349,7 @@ def lookback_rx(cat: Catalogue) -> re.Pattern[bytes] | None:
 
 
 @lru_cache(maxsize=4)
-def screen_for(cat: Catalogue) -> Screen:
+def screen_for(cat: Catalogue) -> Screen | HyperscanScreen:
     kws = [lit for r in cat.rules if screened_rule(r) for lit in r.literals]
     return build_screen([*kws, *EXTRA_KEYWORDS], cat.anchors, needles=(ACCEPT_NEEDLE,))
 

@@ -398,7 +398,7 @@ class Scanner:
         cands = self._index.candidates(text)
         rule, m, named = self._match(text, group, cands)
         if key is not None and kind == "other" and group is None and not has_accept \
-                and (rule is None or rule.plain) and not any(self._rules[i].digit_sensitive for i in cands):
+                and (rule is None or rule.plain) and not self._digits_matter(text, cands):
             if len(self._memo) >= MAX_MEMO:
                 self._memo.clear()
             self._memo[key] = -1 if rule is None else rule.order
@@ -420,6 +420,12 @@ class Scanner:
         if rule.role == "backstop":
             evidence = text.strip()[:300]
         self._add(rule, text, evidence, lineno, group, named)
+
+    def _digits_matter(self, text: str, cands: tuple[int, ...]) -> bool:
+        """Whether a candidate rule has a pattern that tells digits apart and whose keyword is in
+        this line (then lines of this shape may get different answers: no memo)."""
+        rules = self._rules
+        return any(rules[i].digit_sensitive and any(k in text for k in rules[i].sensitive_literals) for i in cands)
 
     def _match(self, text: str, group: int | None,
                cands: tuple[int, ...]) -> tuple[Rule | None, re.Match[str] | None, Resolution | None]:
