@@ -131,6 +131,7 @@ class Catalogue:
     derived: tuple[tuple[str, Variant], ...] = ()  # findings the scanner builds from several lines
     algorithm_checks: tuple[tuple[str, str], ...] = ()  # speculative algorithm -> what to check
     flag_keys: tuple[tuple[str, str], ...] = ()  # SGLang argument (normalised) -> the profile key that renders it
+    screen_kind: str = "auto"  # the keyword screen to build: auto (Hyperscan where installed), python, hyperscan
 
     @property
     def by_id(self) -> dict[str, Rule]:
@@ -246,7 +247,7 @@ def _rule_variants(raw: dict[str, Any], where: str) -> tuple[Variant, ...]:
     return tuple(_variant(got[n], n, where, raw, facts) for n in names)
 
 
-def parse_catalogue(text: str) -> Catalogue:
+def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
     import yaml  # heavy: only when a catalogue is parsed (once per process)
 
     try:
@@ -285,7 +286,7 @@ def parse_catalogue(text: str) -> Catalogue:
         out.append(replace(r, literals=tuple(dict.fromkeys(lits)), sensitive_literals=tuple(dict.fromkeys(sensitive))))
     return Catalogue(rules=tuple(out), version=int(doc.get("version", 1)), anchors=plan.anchors, derived=derived,
                      algorithm_checks=tuple((str(k).upper(), " ".join(v.split())) for k, v in checks.items()),
-                     flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()))
+                     flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()), screen_kind=screen_kind)
 
 
 SIGNATURE_ROLES = ("cause", "wrapper", "downstream")  # a rule that names a failure by its own text
@@ -351,7 +352,7 @@ def lookback_rx(cat: Catalogue) -> re.Pattern[bytes] | None:
 @lru_cache(maxsize=4)
 def screen_for(cat: Catalogue) -> Screen | HyperscanScreen:
     kws = [lit for r in cat.rules if screened_rule(r) for lit in r.literals]
-    return build_screen([*kws, *EXTRA_KEYWORDS], cat.anchors, needles=(ACCEPT_NEEDLE,))
+    return build_screen([*kws, *EXTRA_KEYWORDS], cat.anchors, needles=(ACCEPT_NEEDLE,), kind=cat.screen_kind)
 
 
 @lru_cache(maxsize=4)

@@ -442,11 +442,18 @@ def hyperscan_available() -> bool:
     return True
 
 
-def build_screen(keywords: Iterable[str], anchors: Iterable[str], needles: Iterable[str] = ()) -> Screen | HyperscanScreen:
+SCREEN_KINDS = ("auto", "python", "hyperscan")
+
+
+def build_screen(keywords: Iterable[str], anchors: Iterable[str], needles: Iterable[str] = (),
+                 kind: str = "auto") -> Screen | HyperscanScreen:
     """Hyperscan where it is installed (one SIMD pass for every keyword); otherwise, for each
-    keyword the suffix from its cheapest anchor byte, one trie regex per anchor."""
+    keyword the suffix from its cheapest anchor byte, one trie regex per anchor. `kind` names one
+    of them (benchmarks and tests compare the two); `auto` honours DDTREE_DIAGNOSE_SCREEN=python."""
+    if kind not in SCREEN_KINDS:
+        raise CatalogueError(f"screen kind must be one of {', '.join(SCREEN_KINDS)}")
     kws = tuple(sorted({k for k in keywords if k}))
-    if hyperscan_available():
+    if kind == "hyperscan" or (kind == "auto" and hyperscan_available()):
         return HyperscanScreen(kws, tuple(needles))
     return build_python_screen(kws, anchors, needles)
 

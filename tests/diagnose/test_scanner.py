@@ -127,30 +127,17 @@ SCREENS = ("python", "hyperscan")
 
 
 def _catalogue_with(screen: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202 - a Catalogue
-    """A fresh catalogue whose screen is the stdlib one or Hyperscan (the choice is made when a
-    catalogue's screen is first built)."""
+    """A catalogue whose keyword screen is the stdlib one or Hyperscan."""
     from ddtree_ops.diagnose import screen as S
     from ddtree_ops.diagnose.catalogue import parse_catalogue, screen_for
 
     if screen == "hyperscan" and not S.hyperscan_available():
         pytest.skip("hyperscan is not installed here")
-    monkeypatch.setenv(S.SCREEN_ENV, screen)
-    screen_for.cache_clear()  # an equal catalogue would get the cached screen of the other kind
-    cat = parse_catalogue((Path(S.__file__).parent / "catalogue.yaml").read_text("utf-8"))
-    built = screen_for(cat)
-    assert type(built).__name__ == ("HyperscanScreen" if screen == "hyperscan" else "Screen")
+    cat = parse_catalogue((Path(S.__file__).parent / "catalogue.yaml").read_text("utf-8"), screen_kind=screen)
+    assert type(screen_for(cat)).__name__ == ("HyperscanScreen" if screen == "hyperscan" else "Screen")
     return cat
 
 
-@pytest.fixture()
-def fresh_screens():  # noqa: ANN201
-    from ddtree_ops.diagnose.catalogue import screen_for
-
-    yield
-    screen_for.cache_clear()  # the next test builds the default screen again
-
-
-@pytest.mark.usefixtures("fresh_screens")
 @pytest.mark.parametrize("screen", SCREENS)
 def test_both_screens_give_the_same_report(screen: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The screen only decides which lines Python reads: Hyperscan (where installed) and the stdlib
@@ -182,7 +169,6 @@ class _EveryLine:
         return out
 
 
-@pytest.mark.usefixtures("fresh_screens")
 @pytest.mark.parametrize("screen", SCREENS)
 def test_a_screen_finds_a_keyword_cut_by_block_edges(screen: str, monkeypatch: pytest.MonkeyPatch) -> None:
     cat = _catalogue_with(screen, monkeypatch)
