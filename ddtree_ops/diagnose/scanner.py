@@ -34,7 +34,7 @@ from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, index_for, load_catalogue, lookback_rx,
                                            screen_for)
 from ddtree_ops.diagnose.context import DECLINE, RESOLVERS, Clues, LaunchContext, Resolution, note_launch, note_visible
-from ddtree_ops.diagnose.facts import ACCEPT_RX, ACCEPT_STREAK, AcceptTracker, MemoryFacts, parse_memory
+from ddtree_ops.diagnose.facts import ACCEPT_STREAK, AcceptTracker, MemoryFacts, parse_memory
 from ddtree_ops.diagnose.findings import Finding, Report, crash_signature
 from ddtree_ops.diagnose.root import choose_root, verdict_of
 
