@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -410,6 +411,9 @@ class HyperscanScreen:
         self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
         self._db.compile(expressions=words, ids=list(range(len(words))), elements=len(words),
                          flags=[0] * len(words), literal=True)
+        # a scan runs without the GIL on a scratch space of its own: one per thread (the fleet and
+        # service gates read several hosts' journals at once with one catalogue)
+        self._local = threading.local()
 
     def hits(self, buf: bytes, start: int = 0, end: int | None = None) -> list[int]:
         """Offsets inside each keyword occurrence (a superset of the lines any rule matches)."""
@@ -421,7 +425,10 @@ class HyperscanScreen:
         def on_match(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
             add(start + to - 1)  # the keyword's last byte: inside its line
 
-        self._db.scan(data, match_event_handler=on_match)
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = self._db.scratch.clone()
+        self._db.scan(data, match_event_handler=on_match, scratch=scratch)
         found.sort()
         return found
 

@@ -181,3 +181,25 @@ def test_a_screen_finds_a_keyword_cut_by_block_edges(screen: str, monkeypatch: p
         sc.finish()
         rc = sc.report().root_cause
         assert rc is not None and rc.label == "cuda_oom" and rc.line == 3001, size
+
+
+@pytest.mark.parametrize("screen", SCREENS)
+def test_threads_share_a_catalogue_and_its_screen(screen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet and service gates classify several hosts' journals at once, in threads, with one
+    catalogue: each scan must get the report it gets alone (Hyperscan scans without the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cat = _catalogue_with(screen, monkeypatch)
+    datas = [b"\n".join(as_journald(raw)) * 20 + b"\n" for _, raw in ALL_LINES[:16]]
+
+    def one(data: bytes) -> tuple:
+        sc = Scanner(cat)
+        for i in range(0, len(data), 1 << 16):
+            sc.feed_bytes(data[i:i + (1 << 16)])
+        sc.finish()
+        return _key(sc.report())
+
+    alone = [one(d) for d in datas]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(one, datas * 3))
+    assert together == alone * 3
