@@ -28,15 +28,20 @@ QUIET = ("healthy", "benign_warning")
 WARNING_ONLY = ("shadow_accounting_off",)
 
 
-def index_rows() -> list[tuple[str, str, str]]:
-    """(file, label, part) for every row of INDEX.md that names a part."""
+def index_rows() -> list[tuple[str, str, str, str]]:
+    """(file, label, part, batch) for every row of INDEX.md that names a part; the batch is the
+    index section the row is in ("Issue 12 additions", "Issue 20 additions"), so each collection's
+    held-out part is scored on its own."""
     rows = []
+    batch = ""
     for line in (CORPUS / "INDEX.md").read_text("utf-8").splitlines():
+        if line.startswith("## "):
+            batch = line[3:].split(":")[0].strip()
         cells = [c.strip() for c in line.split("|")]
         if len(cells) > 8 and cells[2].startswith("`") and cells[2].endswith(".log`"):
             part = cells[7]
             if part in ("tuning", "held out"):
-                rows.append((cells[2].strip("`"), cells[3].strip("`"), part))
+                rows.append((cells[2].strip("`"), cells[3].strip("`"), part, batch))
     return rows
 
 
@@ -56,11 +61,11 @@ def named(label: str, lines: list[bytes]) -> tuple[bool, str]:
     return rc is not None and rc.label == label and rep.verdict == "failed", got
 
 
-def score(part: str) -> tuple[dict[str, int], int, list[tuple[str, str, str, str]]]:
-    rows = [r for r in index_rows() if part == "all" or r[2] == part]
+def score(part: str, batch: str | None = None) -> tuple[dict[str, int], int, list[tuple[str, str, str, str]]]:
+    rows = [r for r in index_rows() if (part == "all" or r[2] == part) and (batch is None or r[3] == batch)]
     ok = {f: 0 for f in FORMS}
     misses = []
-    for name, label, _ in rows:
+    for name, label, _, _ in rows:
         lines = raw_lines(CORPUS / name)
         for form in FORMS:
             good, got = named(label, wrapped(lines, form))
@@ -78,18 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     parts = ("tuning", "held out") if args.part == "all" else (args.part,)
     lines = ["## Real-log corpus: logs named (`python bench/diagnose_corpus.py`)", "",
-             "| part | logs | raw | journald text | journalctl -o json |", "|---|---:|---:|---:|---:|"]
+             "| collection | part | logs | raw | journald text | journalctl -o json |", "|---|---|---:|---:|---:|---:|"]
     all_misses = []
+    batches = list(dict.fromkeys(r[3] for r in index_rows()))
     for part in parts:
-        ok, n, misses = score(part)
-        all_misses += misses
-        cells = " | ".join(f"{ok[f]}/{n} ({100 * ok[f] / max(n, 1):.0f}%)" for f in FORMS)
-        lines.append(f"| {part} | {n} | {cells} |")
+        for batch in batches:
+            ok, n, misses = score(part, batch)
+            if not n:
+                continue
+            all_misses += misses
+            cells = " | ".join(f"{ok[f]}/{n} ({100 * ok[f] / max(n, 1):.0f}%)" for f in FORMS)
+            lines.append(f"| {batch} | {part} | {n} | {cells} |")
+    table_end = len(lines)
     if all_misses:
         lines += ["", "Misses (file, form, expected, got):", ""]
         lines += [f"- `{n}` ({f}): expected `{e}`, got `{g}`" for n, f, e, g in all_misses]
     text = "\n".join(lines) + "\n"
-    print(text if args.v else "\n".join(lines[:4 + len(parts)]))
+    print(text if args.v else "\n".join(lines[:table_end]))
     if args.out:
         out = Path(args.out)
         old = out.read_text("utf-8") if out.exists() else ""

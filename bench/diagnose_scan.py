@@ -1,6 +1,7 @@
 """Scan throughput of `diagnose` against `grep -E -f`, on three journals, in one run.
 
-    python bench/diagnose_scan.py [--size-mb 200] [--flood-mb 100] [--worst-mb 20] [--runs 3]
+    python bench/diagnose_scan.py [--size-mb 200] [--flood-mb 100] [--worst-mb 20] [--runs 5]
+    python bench/diagnose_scan.py --table        # the table, from bench/results/diagnose_scan.json
 
 Journals in journald `short` format, generated here (seeded):
   - realistic: mostly healthy SGLang serving lines (decode and prefill reports with accept lengths,
@@ -9,11 +10,15 @@ Journals in journald `short` format, generated here (seeded):
   - flood: an overloaded server, 20% of the lines "KV cache pool is full. Retract requests"
     warnings and rejected requests, the same planted failure;
   - worst case: request tracebacks whose exception messages are all different.
-For each, in the same run and interleaved: `grep -E -c -f` with a handful of signature strings
-(default locale and LC_ALL=C), the classifier in one process (`classify_stream`), and the
-classifier with its keyword screen in worker processes (`classify_path`, what `diagnose --log
-FILE` uses); the two classifier runs must give the same report. Writes a markdown table to
-bench/results/diagnose.md (its corpus section, written by bench/diagnose_corpus.py, is kept).
+For each, in the same run and interleaved (so a change of load on a shared machine hits all of
+them alike): `grep -E -c -f` with a handful of signature strings in the default locale and in
+LC_ALL=C, the classifier in one process (`classify_stream`) with each keyword screen available
+(Hyperscan where the package is installed, and the stdlib screen), and the classifier with its
+screen in worker processes (`classify_path`, what `diagnose --log FILE` uses). Every classifier
+run must give the same report, with the planted failure at its line. Each run's wall-clock and CPU
+seconds go to bench/results/diagnose_scan.json (raw); `--table` prints the table from that file,
+and the run writes it to bench/results/diagnose.md too (its corpus section, written by
+bench/diagnose_corpus.py, is kept).
 """
 
 from __future__ import annotations
@@ -32,7 +37,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import json  # noqa: E402
+
+from ddtree_ops.diagnose import screen as screens  # noqa: E402
+from ddtree_ops.diagnose.catalogue import parse_catalogue, screen_for  # noqa: E402
 from ddtree_ops.diagnose.classify import classify_path, classify_stream, load_catalogue  # noqa: E402
+
+RESULTS = REPO / "bench" / "results" / "diagnose_scan.json"
 
 MONTHS = ("Jan", "Feb", "Mar")
 BENIGN = (
@@ -197,16 +208,7 @@ SIGNATURES = (
 )
 
 
-def best_of(n: int, fn) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
-def machine() -> str:
+def machine() -> dict:
     cpu = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -217,58 +219,88 @@ def machine() -> str:
         pass
     grep = subprocess.run(["grep", "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     try:
-        load = "load average " + " ".join(Path("/proc/loadavg").read_text().split()[:3])
+        load = Path("/proc/loadavg").read_text().split()[:3]
     except OSError:
-        load = ""
-    return (f"{cpu}, {os.cpu_count()} CPUs ({load} when the run started), {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}, {grep}")
+        load = []
+    return {"cpu": cpu, "cpus": os.cpu_count(), "load_at_start": load, "system": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version(), "grep": grep, "locale": os.environ.get("LC_ALL") or os.environ.get("LANG", "")}
+
+
+def _catalogue(screen: str):  # noqa: ANN202 - a Catalogue
+    """The shipped catalogue with the keyword screen `screen` (hyperscan or python)."""
+    cat = parse_catalogue((REPO / "ddtree_ops" / "diagnose" / "catalogue.yaml").read_text("utf-8"), screen_kind=screen)
+    kind = type(screen_for(cat)).__name__
+    assert kind == ("HyperscanScreen" if screen == "hyperscan" else "Screen"), kind
+    return cat
+
+
+def _timed(fn) -> tuple[float, float, object]:
+    """Wall-clock and CPU seconds (this process and its children) of one call."""
+    t0, c0 = time.perf_counter(), os.times()
+    out = fn()
+    t1, c1 = time.perf_counter(), os.times()
+    cpu = (c1.user - c0.user) + (c1.system - c0.system) + (c1.children_user - c0.children_user) \
+        + (c1.children_system - c0.children_system)
+    return t1 - t0, cpu, out
 
 
 def run_journal(name: str, journal: Path, size: int, failure_line: int, signatures: Path, runs: int,
-                workers: int) -> dict:
-    """grep and the classifier on one journal, interleaved (grep, one process, workers; repeated)
-    so that a load change on the machine hits all of them alike; best of `runs` each."""
-    mb = size / 1e6
-    times: dict[str, list[float]] = {"grep": [], "grep_c": [], "one": [], "par": []}
-    result: dict = {}
+                workers: int, cats: dict) -> dict:
+    """grep (two locales) and the classifier (each screen, and in workers), interleaved, `runs` times."""
+    arms: dict[str, list[dict]] = {}
+    reports: dict[str, object] = {}
+    grep_hits: dict[str, int] = {}
 
-    def grep(locale: str | None) -> None:
-        env = dict(os.environ)
-        if locale:
-            env["LC_ALL"] = locale
-        res = subprocess.run(["grep", "-E", "-c", "-f", str(signatures), str(journal)], env=env,
-                             capture_output=True, text=True)
-        if res.returncode not in (0, 1):
-            raise SystemExit(f"grep failed: {res.stderr}")
-        result["grep_hits"] = int(res.stdout.strip() or 0)
+    def grep(locale: str | None):  # noqa: ANN202
+        def go() -> int:
+            env = dict(os.environ)
+            if locale:
+                env["LC_ALL"] = locale
+            res = subprocess.run(["grep", "-E", "-c", "-f", str(signatures), str(journal)], env=env,
+                                 capture_output=True, text=True)
+            if res.returncode not in (0, 1):
+                raise SystemExit(f"grep failed: {res.stderr}")
+            return int(res.stdout.strip() or 0)
+        return go
 
-    def one() -> None:
-        with journal.open("rb") as fh:
-            result["report"] = classify_stream(fh)
+    def one(cat):  # noqa: ANN202, ANN001
+        def go():  # noqa: ANN202
+            with journal.open("rb") as fh:
+                return classify_stream(fh, cat)
+        return go
 
-    def par() -> None:
-        result["report_par"] = classify_path(str(journal), workers=workers, min_bytes=0)
+    def par(cat):  # noqa: ANN202, ANN001
+        return lambda: classify_path(str(journal), cat, workers=workers, min_bytes=0)
 
-    one()  # warm the page cache
+    plan = [("grep -E -f (default locale)", grep(None)), ("grep -E -f (LC_ALL=C)", grep("C"))]
+    for screen, cat in cats.items():
+        plan.append((f"classifier, {screen} screen", one(cat)))
+    first = next(iter(cats.values()))
+    plan.append((f"classifier, {next(iter(cats))} screen in {workers} workers", par(first)))
+    one(first)()  # warm the page cache
     for _ in range(runs):
-        for key, fn in (("grep", lambda: grep(None)), ("grep_c", lambda: grep("C")), ("one", one), ("par", par)):
-            t = time.perf_counter()
-            fn()
-            times[key].append(time.perf_counter() - t)
-    best = {k: min(v) for k, v in times.items()}
-    rep = result["report"]
-    rc = rep.root_cause
-    same = _key(rep) == _key(result["report_par"])
-    ok = (rc is not None and rc.label == "cuda_oom" and rc.line == failure_line) if failure_line else rep.verdict != "healthy"
-    return {"name": name, "mb": mb, "lines": rep.lines, "best": best, "rate": {k: mb / v for k, v in best.items()},
-            "grep_hits": result["grep_hits"], "verdict": rep.verdict, "root": rc, "correct": ok, "same": same,
-            "suppressed": sum(rep.suppressed.values())}
+        for arm, fn in plan:
+            wall, cpu, out = _timed(fn)
+            arms.setdefault(arm, []).append({"wall_s": wall, "cpu_s": cpu})
+            if arm.startswith("grep"):
+                grep_hits[arm] = out  # type: ignore[assignment]
+            else:
+                reports[arm] = out
+    keys = {arm: _key(rep) for arm, rep in reports.items()}
+    ref = next(iter(reports.values()))
+    rc = ref.root_cause  # type: ignore[attr-defined]
+    ok = (rc is not None and rc.label == "cuda_oom" and rc.line == failure_line) if failure_line \
+        else ref.verdict != "healthy"  # type: ignore[attr-defined]
+    return {"journal": name, "bytes": size, "lines": ref.lines, "arms": arms, "grep_hits": grep_hits,  # type: ignore[attr-defined]
+            "verdict": ref.verdict, "root": None if rc is None else {"label": rc.label, "line": rc.line},  # type: ignore[attr-defined]
+            "correct": ok, "same_report": len(set(keys.values())) == 1,
+            "suppressed": sum(ref.suppressed.values())}  # type: ignore[attr-defined]
 
 
-def _key(rep) -> tuple:
+def _key(rep) -> tuple:  # noqa: ANN001
     rc = rep.root_cause
     return (rep.verdict, rep.lines, None if rc is None else (rc.label, rc.line),
-            [(f.rule_id, f.line) for f in rep.findings], tuple(sorted(rep.suppressed.items())))
+            tuple((f.rule_id, f.line) for f in rep.findings), tuple(sorted(rep.suppressed.items())))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -276,14 +308,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--size-mb", type=int, default=200, help="the realistic journal")
     ap.add_argument("--flood-mb", type=int, default=100, help="the overloaded server's journal")
     ap.add_argument("--worst-mb", type=int, default=20, help="the worst case (unique traceback per request)")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--workers", type=int, default=min(os.cpu_count() or 1, 8))
+    ap.add_argument("--json", default=str(RESULTS), help="raw numbers (written by a run, read by --table)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "diagnose.md"))
+    ap.add_argument("--table", action="store_true", help="print the table from --json and exit")
     args = ap.parse_args(argv)
+    if args.table:
+        print(render(json.loads(Path(args.json).read_text("utf-8"))))
+        return 0
     if shutil.which("grep") is None:
         print("grep not found", file=sys.stderr)
         return 2
     load_catalogue()
+    kinds = (["hyperscan"] if screens.hyperscan_available() else []) + ["python"]
+    cats = {k: _catalogue(k) for k in kinds}
     tmp = Path(tempfile.mkdtemp(prefix="ddtree-diagnose-bench-"))
     try:
         signatures = tmp / "signatures.txt"
@@ -293,47 +332,66 @@ def main(argv: list[str] | None = None) -> int:
                               ("worst case", generate_worst, args.worst_mb)):
             path = tmp / f"{name.replace(' ', '_')}.txt"
             size, failure_line = gen(path, mb)
-            results.append(run_journal(name, path, size, failure_line, signatures, args.runs, args.workers))
+            results.append(run_journal(name, path, size, failure_line, signatures, args.runs, args.workers, cats))
             path.unlink()
-        text = render(results, args)
+        doc = {"schema_version": 1, "generated_by": "python bench/diagnose_scan.py", "date": time.strftime("%Y-%m-%d"),
+               "machine": machine(), "runs": args.runs, "workers": args.workers, "screens": kinds,
+               "signatures": list(SIGNATURES),
+               "catalogue": {"rules": len(load_catalogue().rules), "patterns": len(load_catalogue().patterns())},
+               "journals": results}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+        text = render(doc)
         out = Path(args.out)
         old = out.read_text("utf-8") if out.exists() else ""
         tail = old[old.index("## Real-log corpus"):] if "## Real-log corpus" in old else ""
-        out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text + ("\n" + tail if tail else ""), encoding="utf-8")
         print(text)
-        return 0 if all(r["correct"] and r["same"] for r in results) else 1
+        return 0 if all(r["correct"] and r["same_report"] for r in results) else 1
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def render(results: list[dict], args: argparse.Namespace) -> str:
+def render(doc: dict) -> str:
+    """The markdown table: per journal, each arm's best wall-clock rate, and each classifier's ratio
+    to grep in each locale (best against best; the CPU-time ratio beside it, which a busy machine
+    disturbs less)."""
+    m = doc["machine"]
     lines = [
         "# diagnose: scan throughput",
         "",
-        f"Generated by `python bench/diagnose_scan.py` (best of {args.runs} interleaved runs each: grep, the classifier "
-        f"in one process, the classifier with its screen in {args.workers} worker processes; same files, same run, "
-        "page cache warm).",
+        f"Generated by `{doc['generated_by']}` on {doc['date']}: best of {doc['runs']} interleaved runs of every arm "
+        "(same files, same run, page cache warm); raw seconds per run in `bench/results/diagnose_scan.json`, "
+        "this table from it with `python bench/diagnose_scan.py --table`.",
         "",
-        f"- machine: {machine()}",
-        f"- grep gets the {len(SIGNATURES)} signature strings an operator would type: "
-        + ", ".join(f"`{s}`" for s in SIGNATURES),
-        f"- the classifier gets its whole catalogue ({len(load_catalogue().rules)} rules, "
-        f"{len(load_catalogue().patterns())} patterns) and does its full work: prefixes, tracebacks, priorities, "
-        "context, root cause",
+        f"- machine: {m['cpu']}, {m['cpus']} CPUs (load average {' '.join(m['load_at_start'])} when the run started), "
+        f"{m['system']}, Python {m['python']}, {m['grep']}, default locale {m['locale'] or 'unset'}",
+        f"- screens measured: {', '.join(doc['screens'])} (Hyperscan where the `hyperscan` package is installed; the "
+        "stdlib screen otherwise)",
+        f"- grep gets the {len(doc['signatures'])} signature strings an operator would type: "
+        + ", ".join(f"`{s}`" for s in doc["signatures"]),
+        f"- the classifier gets its whole catalogue ({doc['catalogue']['rules']} rules, {doc['catalogue']['patterns']} "
+        "patterns) and does its full work: prefixes, tracebacks, priorities, context, root cause",
         "",
-        "| journal | MB | lines | grep -E -f (default locale) | grep -E -f (LC_ALL=C) | classifier, 1 process | "
-        "ratio to grep | classifier, screen in workers | ratio | verdict |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| journal | MB | lines | arm | MB/s (wall, best) | vs grep default locale (wall / cpu) | vs grep LC_ALL=C (wall / cpu) | verdict |",
+        "|---|---:|---:|---|---:|---:|---:|---|",
     ]
-    for r in results:
-        rate, rc = r["rate"], r["root"]
-        verdict = f"{r['verdict']}" + (f", `{rc.label}` at line {rc.line}" if rc else "")
+    for r in doc["journals"]:
+        mb = r["bytes"] / 1e6
+        best = {arm: (min(x["wall_s"] for x in runs), min(x["cpu_s"] for x in runs)) for arm, runs in r["arms"].items()}
+        g_def, g_c = best["grep -E -f (default locale)"], best["grep -E -f (LC_ALL=C)"]
+        root = r["root"]
+        verdict = r["verdict"] + (f", `{root['label']}` at line {root['line']}" if root else "")
         verdict += "" if r["correct"] else " (WRONG)"
-        verdict += "" if r["same"] else " (workers DIFFER)"
-        lines.append(f"| {r['name']} | {r['mb']:.0f} | {r['lines']:,} | {rate['grep']:.0f} MB/s | {rate['grep_c']:.0f} MB/s | "
-                     f"{rate['one']:.0f} MB/s | {rate['one'] / rate['grep']:.2f} | {rate['par']:.0f} MB/s | "
-                     f"{rate['par'] / rate['grep']:.2f} | {verdict} |")
+        verdict += "" if r["same_report"] else " (classifier arms DIFFER)"
+        for arm, (wall, cpu) in best.items():
+            if arm.startswith("grep"):
+                ratio_d = ratio_c = ""
+            else:
+                ratio_d = f"{g_def[0] / wall:.2f} / " + (f"{g_def[1] / cpu:.2f}" if cpu and g_def[1] else "n/a")
+                ratio_c = f"{g_c[0] / wall:.2f} / " + (f"{g_c[1] / cpu:.2f}" if cpu and g_c[1] else "n/a")
+            lines.append(f"| {r['journal']} | {mb:.0f} | {r['lines']:,} | {arm} | {mb / wall:.0f} | {ratio_d} | {ratio_c} | "
+                         f"{verdict if arm.startswith('classifier') else ''} |")
     lines += [
         "",
         "- realistic: healthy SGLang serving lines with accept lengths, uvicorn access lines, health checks, rare "
@@ -343,6 +401,8 @@ def render(results: list[dict], args: argparse.Namespace) -> str:
         "dictionary lookup.",
         "- worst case: nothing but request tracebacks whose exception messages are all different: no memoised "
         "decision applies and every line is read in Python.",
+        "- a ratio is grep's best time over the classifier's best time (1.00 = as fast as grep); CPU seconds count "
+        "grep's process and the classifier's (workers included).",
         "",
     ]
     return "\n".join(lines)

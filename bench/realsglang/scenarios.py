@@ -82,10 +82,18 @@ GROUPS: dict[str, list[Scenario]] = {
                  "ddtree-shadow", "shadow_accounting_off",
                  sets=("modes.ddtree-shadow.shadow.share=0.0",), env={**SIMULATE, **TRACE, "DDTREE_SHADOW_WARN_AFTER": "40"},
                  extra_requests=3),
-        # SGLang reports a SIGKILLed scheduler as "crashed with exit code -9", which the catalogue
-        # reads as the host OOM killer (the usual sender of that signal to a running server)
+        # SGLang reports a SIGKILLed scheduler as "crashed with exit code -9"; nothing in the log
+        # says who sent it (here the runner did), so it is killed_by_signal, not host_oom (issue 20)
         Scenario("crash_after_ready", "DFLASH; the scheduler process is SIGKILLed 2 s into the stay window",
-                 "dflash", "host_oom", sets=("gate.stay_healthy_s=15",), env=SIMULATE, kill_in_stay=2.0),
+                 "dflash", "killed_by_signal", sets=("gate.stay_healthy_s=15",), env=SIMULATE, kill_in_stay=2.0),
+        # issue 20: the operator's mistakes the first H200 session met, to capture as real logs
+        # (tests/diagnose/fixtures/synthetic-bad_launch_flags-* are made up from 0.5.17's source until then)
+        Scenario("gpus_absent", "gpus: [1] on a one-card host: CUDA_VISIBLE_DEVICES names no card",
+                 "dflash", "bad_launch_flags", sets=("gpus=[1]",)),
+        Scenario("tp2_one_card", "parallel.tp_size 2 with gpus [0, 1] on a one-card host: rank 1 has no card",
+                 "dflash", "bad_launch_flags", sets=("parallel.tp_size=2", "gpus=[0, 1]")),
+        Scenario("context_past_max", "memory.context_length 65536, past the tiny model's own maximum",
+                 "dflash", "bad_launch_flags", sets=("memory.context_length=65536",)),
     ],
     # Issue 21: every row of the memory table from a probe whose raw output is committed
     # (bench/results/memory_probes/). One start each (SGLang sizes the pool from the memory free

@@ -175,7 +175,7 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
     combined = [d.combined() if d is not None else None for d in diags]
     verdicts = [c.verdict for c in combined if c is not None]
     verdict = "failed" if "failed" in verdicts else "degraded" if "degraded" in verdicts else "healthy"
-    if len(verdicts) < len(diags):
+    if len(verdicts) < len(diags) or "unreadable" in verdicts:  # a node read nothing: no healthy from nothing
         verdict = "failed" if verdict == "failed" else "unreadable"
     if as_json:
         output.emit_json({"schema_version": 1, "service": name, "verdict": verdict,

@@ -118,6 +118,8 @@ def _diagnose_host(host: str, json_out: bool, mode: str | None, ssh_config: str 
         output.emit_json(rpt.to_json(combined, diag))
     else:
         rpt.render(combined, source=f"{host} ({profile.service.unit}, this start)", live=diag)
+    if diag.unreadable:
+        output.fail(f"{host}: {diag.unreadable}: nothing to diagnose")
     for err in diag.errors:
         output.warn(err)
     return rpt.exit_code(combined.verdict)

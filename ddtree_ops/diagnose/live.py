@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ddtree_ops import remote
-from ddtree_ops.diagnose.classify import Finding, Report, Scanner, choose_root, verdict_of
+from ddtree_ops.diagnose.classify import Finding, Report, Scanner, choose_root, load_catalogue, verdict_of
 from ddtree_ops.gpu import Gpu, GpuApp, parse_smi_apps, parse_smi_gpus
 
 if TYPE_CHECKING:
@@ -25,7 +24,7 @@ if TYPE_CHECKING:
     from ddtree_ops.profile import Profile
 
 UNIT_PROPS = ("Result", "ExecMainStatus", "NRestarts", "InvocationID", "ActiveState", "SubState",
-              "MainPID", "ExecMainPID", "ExecMainCode")
+              "MainPID", "ExecMainPID", "ExecMainCode", "LoadState")
 PREVIOUS_STARTS = 3  # earlier invocations summarised
 JOURNAL_LINES = 20000  # how far back previous invocations are looked for
 
@@ -105,6 +104,12 @@ class UnitObs:
     main_pid: int = 0
     restarts: int = 0
     invocation: str = ""
+    load: str = "unknown"  # LoadState: loaded, not-found (the unit is not installed), ...
+
+    @property
+    def known(self) -> bool:
+        """systemd answered about an installed unit (not a host without systemd, not a missing unit)."""
+        return self.active != "unknown" and self.load not in ("not-found", "unknown", "")
 
     @property
     def failed(self) -> bool:
@@ -130,7 +135,8 @@ def parse_unit_state(text: str) -> UnitObs:
     return UnitObs(active=kv.get("ActiveState", "unknown"), sub=kv.get("SubState", "unknown"),
                    result=kv.get("Result", "unknown"), main_status=_int(kv.get("ExecMainStatus")),
                    main_code=kv.get("ExecMainCode", ""), main_pid=_int(kv.get("MainPID")),
-                   restarts=_int(kv.get("NRestarts")), invocation=kv.get("InvocationID", ""))
+                   restarts=_int(kv.get("NRestarts")), invocation=kv.get("InvocationID", ""),
+                   load=kv.get("LoadState", "loaded" if "ActiveState" in kv else "unknown"))
 
 
 _ALGO = re.compile(r"--speculative-algorithm[= ]+([A-Za-z0-9_]+)")
@@ -268,9 +274,40 @@ def check_acceptance(report: Report, speculative: bool) -> tuple[Check, Finding 
     return Check(name, "ok" if avg > 1.1 else "warn", f"recent accept len {', '.join(f'{v:.2f}' for v in last)}"), None
 
 
-def _static_finding(label: str, severity: str, detail: str, profile_key: str = "modes.<mode>.draft_model_path") -> Finding:
+def _static_finding(label: str, severity: str, detail: str, profile_key: str | None = "modes.<mode>.draft_model_path",
+                    rule_id: str = "") -> Finding:
     return Finding(label=label, severity=severity, line=0, text=detail, evidence=detail,
-                   remedy=detail, profile_key=profile_key, direction=None, rule_id=f"check_{label}", role="cause")
+                   remedy=detail, profile_key=profile_key, direction=None, rule_id=rule_id or f"check_{label}", role="cause")
+
+
+def gpu_visibility(root: Finding, profile: Profile, diag: LiveDiagnosis) -> Finding:
+    """The server found fewer cards than it was started for: the cards the profile gives it and
+    its ranks against the cards nvidia-smi lists on the host (the catalogue's `host` variant)."""
+    given = [c.index for c in profile.gpus] if profile.gpus else None
+    ranks = profile.ranks_per_node
+    have = [g.index for g in diag.gpus]
+    smi = next((c for c in diag.checks if c.name == "nvidia-smi"), None)
+    if have:
+        host_cards = f"{len(have)} card(s): " + ", ".join(f"{g.index}: {g.name}" for g in diag.gpus)
+    else:
+        host_cards = "no card nvidia-smi could list" + (f" ({smi.detail})" if smi is not None else "")
+    missing = [i for i in (given or []) if i not in have]
+    fixes = []
+    if missing:
+        fixes.append(f"gpus lists {missing}, which this host does not have")
+    if have and ranks > len(have):
+        fixes.append(f"{ranks} rank(s) need {ranks} cards and the host has {len(have)}: lower parallel.tp_size "
+                     f"(x dp_size x pp_size) to {len(have)} or less, or use a host with {ranks} cards")
+    if have and (missing or given is None or len(given) != ranks):
+        fixes.append(f"gpus: {have[:max(1, min(ranks, len(have)))]} would name cards that exist")
+    facts = {"given": f"gpus {given}" if given is not None else "no gpus list (every card visible)",
+             "ranks": f"{ranks} rank(s) on this node (parallel.tp_size {profile.sizes.tp_size})",
+             "host_cards": host_cards, "fix": "; ".join(fixes) or "compare the two"}
+    v = load_catalogue().by_id["gpu_not_visible"].variant("host")
+    meaning, remedy = v.filled(facts)
+    return replace(root, meaning=meaning, remedy=remedy, profile_key=v.profile_key,
+                   context="; ".join(x for x in (root.context, f"profile: {facts['given']}, {facts['ranks']}; "
+                                                  f"host: {host_cards}") if x))
 
 
 def _classify_text(text: str) -> Finding | None:
@@ -317,20 +354,14 @@ class LiveDiagnosis:
     # order the failures of a multi-node service's nodes on one clock
     line_us: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     current_invocation: str = ""
+    unreadable: str = ""  # why neither the unit nor the journal could be read (the verdict is then unreadable)
 
     def when_us(self, invocation: str, line: int) -> int | None:
         times = self.line_us.get(invocation) or []
         return times[line - 1][0] if 0 < line <= len(times) else None
 
-    def raw_line(self, invocation: str, line: int) -> str:
-        """The journal message as written, with SGLang's rank prefix (`[... TP1]`) the cleaned text drops."""
-        times = self.line_us.get(invocation) or []
-        return times[line - 1][1] if 0 < line <= len(times) else ""
-
     def combined(self) -> Report:
         """One report: hardware first, then the journal's own cause, then host and static evidence."""
-        from dataclasses import replace
-
         findings = [*self.current.findings, *self.extra]
         last = self.previous[-1] if self.previous else None
         if last is not None and last.report.root_cause is not None and self.current.root_cause is None:
@@ -339,9 +370,17 @@ class LiveDiagnosis:
             rc = last.report.root_cause
             findings.append(replace(rc, severity="warning", rule_id="previous_start_failed",
                                     text=f"the previous start ({last.invocation[:12]}) failed: {rc.text.strip()}"))
+        if self.unreadable:
+            # nothing was read: no verdict from nothing (DESIGN: diagnose exits 3, could not read)
+            return replace(self.current, verdict="unreadable", root_cause=None, findings=findings)
         hardware = [f for f in self.extra if f.hardware and f.severity == "fatal"]
         root = (hardware[0] if hardware else self.current.root_cause
                 or choose_root([f for f in self.extra if f.severity == "fatal"]))
+        oom = next((f for f in self.extra if f.label == "host_oom" and f.severity == "fatal"), None)
+        if root is not None and root.label == "killed_by_signal" and oom is not None:
+            # the kernel's OOM killer ran since this start: that is who sent the SIGKILL
+            root = replace(oom, context=f"the kernel log since this start; the journal's line {root.line}: "
+                                        f"{root.text.strip()[:160]}")
         if root is None and self.unit.failed:
             root = Finding(label="unclassified_crash", severity="fatal", line=0,
                            text=f"unit failed: Result={self.unit.result}, ExecMainStatus={self.unit.main_status}",
@@ -352,6 +391,7 @@ class LiveDiagnosis:
 
     def to_json(self) -> dict[str, Any]:
         return {
+            **({"unreadable": self.unreadable} if self.unreadable else {}),
             "host": self.host, "unit": {"name": self.unit_name, **self.unit.to_json()}, "mode": self.mode,
             "previous_starts": [i.to_json() for i in self.previous],
             "kernel": None if self.kernel is None else {"verdict": self.kernel.verdict,
@@ -417,9 +457,19 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
     current = _classify_entries(entries)
     previous = [Invocation(inv, _classify_entries(es), es[0].realtime_us if es else 0)
                 for inv, es in starts if inv != current_inv][-PREVIOUS_STARTS:]
+    journal_read = bool(entries or recent)
+    if not journal_read:
+        errors.append(f"journal: no line of {unit} could be read (journald not running, no permission to read "
+                      "it, or the unit never logged)")
 
+    if not u.known and not journal_read:
+        why = "systemd did not answer about the unit" if u.active == "unknown" else f"{unit} is not installed"
+        detail = (state_res.stderr or state_res.stdout).strip().splitlines()[-1:] if not state_res.ok else []
+        unreadable = f"could not read {unit} ({why}{': ' + detail[0] if detail else ''}) nor its journal"
+    else:
+        unreadable = ""
     diag = LiveDiagnosis(host=host.name, unit_name=unit, unit=u, mode=mode, current=current, previous=previous,
-                         errors=errors, current_invocation=current_inv,
+                         errors=errors, current_invocation=current_inv, unreadable=unreadable,
                          line_us={**{inv: [(e.realtime_us, e.message) for e in es] for inv, es in starts},
                                   current_inv: [(e.realtime_us, e.message) for e in entries]})
 
@@ -457,6 +507,15 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
         if sub is not None:
             diag.extra.append(sub)
 
+    if not journal_read and u.known:
+        # the unit answered, the journal did not: say that the verdict rests on the unit alone
+        diag.extra.append(_static_finding("unclassified_crash", "warning", errors[-1], profile_key=None,
+                                          rule_id="journal_unreadable"))
+    if current.root_cause is not None and current.root_cause.rule_id == "gpu_not_visible":
+        named = gpu_visibility(current.root_cause, profile, diag)
+        diag.current = replace(current, root_cause=named,
+                               findings=[named if f is current.root_cause else f for f in current.findings])
+        current = diag.current
     if current.memory.kv_tokens and diag.gpus:
         diag.checks.append(check_memory(current, predict_memory(host, profile, mode, diag)))
 
@@ -528,6 +587,3 @@ def check_memory(report: Report, plan: Any) -> Check:
                  detail if gap <= 0.10 else detail + ": the server saw different inputs than the profile "
                  "describes (GPU memory held elsewhere, another checkpoint or other flags)")
 
-
-def describe_argv(argv: list[str]) -> str:
-    return shlex.join(argv)

@@ -69,6 +69,8 @@ def render(report: Report, *, source: str, console: Console | None = None,
     elif report.verdict == "healthy":
         ready = f"ready at line {report.ready_line}" if report.ready_line else "no failure signature"
         con.print(f"\n{ready}; nothing to fix.")
+    elif live is not None and live.unreadable:
+        con.print(f"\n[bold]could not read[/] {_esc(live.unreadable)}: no verdict from nothing.")
     others = [f for f in report.findings if f is not root and f is not last and f.severity in ("fatal", "warning")]
     benign = [f for f in report.findings if f.severity == "benign"]
     if others:
@@ -107,6 +109,8 @@ def _render_cause(con: Console, root: Finding) -> None:
         con.print(f"          matched: [italic]{_esc(root.evidence[:200])}[/]")
     if root.meaning:
         con.print(f"[bold]meaning[/]   {_esc(root.meaning)}")
+    if root.context:
+        con.print(f"[bold]context[/]   {_esc(root.context)}")
     if root.frames:
         con.print(f"[bold]raised in[/] {_esc(root.frames[0])}")
         for fr in root.frames[1:]:

@@ -20,7 +20,9 @@ get the same decision: that is what lets the scanner memoise decisions per messa
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -81,13 +83,14 @@ _SAMPLE = 1 << 16  # the start of a block that decides, per anchor, memchr loop 
 
 def memchr_cost(ch: str) -> float:
     """Cost of one anchor found with a `bytes.find` loop, in units of one regex pass (measured on
-    CPython 3.11: memchr itself is ~1/7 of a pass, each occurrence ~0.7 us of Python)."""
-    return 0.13 + 700.0 * FREQ.get(ch, 0.0)
+    CPython 3.11, bench/diagnose_scan.py's journals: a one-byte find runs at ~18 GB/s, 1/20 of a
+    pass; each occurrence costs ~0.9 us of Python, a find and a match)."""
+    return 0.055 + 900.0 * FREQ.get(ch, 0.0)
 
 
 def regex_cost(ch: str) -> float:
-    """A `re` pass whose pattern starts with this literal byte (1.0 = ~1.3 GB/s here)."""
-    return 1.0 + 70.0 * FREQ.get(ch, 0.0)
+    """A `re` pass whose pattern starts with this literal byte (1.0 = ~1 GB/s here)."""
+    return 1.0 + 100.0 * FREQ.get(ch, 0.0)
 
 
 def anchor_cost(ch: str) -> float:
@@ -393,8 +396,77 @@ class Screen:
         return out
 
 
-def build_screen(keywords: Iterable[str], anchors: Iterable[str], needles: Iterable[str] = ()) -> Screen:
-    """For each keyword the suffix from its cheapest anchor byte; one trie regex per anchor."""
+class HyperscanScreen:
+    """The same screen in one pass of Intel's Hyperscan (the `hyperscan` package, where it is
+    installed): every keyword at once, in SIMD C. Hits are exact keyword occurrences (offsets
+    inside them), so the lines it hands over are the ones any rule can match, and the reports
+    are the ones the stdlib screen gives (tests/diagnose/test_scanner.py runs both)."""
+
+    def __init__(self, keywords: tuple[str, ...], needles: tuple[str, ...]) -> None:
+        import hyperscan  # compiled extension: only where a screen is built (diagnose, the gate)
+
+        self.keywords = keywords
+        self.needles = tuple(n.encode("utf-8") for n in needles)
+        words = [k.encode("utf-8") for k in (*keywords, *needles)]
+        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+        self._db.compile(expressions=words, ids=list(range(len(words))), elements=len(words),
+                         flags=[0] * len(words), literal=True)
+        # a scan runs without the GIL on a scratch space of its own: one per thread (the fleet and
+        # service gates read several hosts' journals at once with one catalogue)
+        self._local = threading.local()
+
+    def hits(self, buf: bytes, start: int = 0, end: int | None = None) -> list[int]:
+        """Offsets inside each keyword occurrence (a superset of the lines any rule matches)."""
+        end = len(buf) if end is None else end
+        data = buf if start == 0 and end == len(buf) else buf[start:end]
+        found: list[int] = []
+        add = found.append
+
+        def on_match(_id: int, _from: int, to: int, _flags: int, _ctx: object) -> None:
+            add(start + to - 1)  # the keyword's last byte: inside its line
+
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = self._db.scratch.clone()
+        self._db.scan(data, match_event_handler=on_match, scratch=scratch)
+        found.sort()
+        return found
+
+    def describe(self) -> list[tuple[str, str, int]]:
+        return [("*", "hyperscan", len(self.keywords) + len(self.needles))]
+
+
+SCREEN_ENV = "DDTREE_DIAGNOSE_SCREEN"  # "python" forces the stdlib screen (tests, comparisons)
+
+
+def hyperscan_available() -> bool:
+    if os.environ.get(SCREEN_ENV, "").lower() == "python":
+        return False
+    try:
+        import hyperscan  # noqa: F401  (probe only: a missing or broken wheel means the stdlib screen)
+    except Exception:
+        return False
+    return True
+
+
+SCREEN_KINDS = ("auto", "python", "hyperscan")
+
+
+def build_screen(keywords: Iterable[str], anchors: Iterable[str], needles: Iterable[str] = (),
+                 kind: str = "auto") -> Screen | HyperscanScreen:
+    """Hyperscan where it is installed (one SIMD pass for every keyword); otherwise, for each
+    keyword the suffix from its cheapest anchor byte, one trie regex per anchor. `kind` names one
+    of them (benchmarks and tests compare the two); `auto` honours DDTREE_DIAGNOSE_SCREEN=python."""
+    if kind not in SCREEN_KINDS:
+        raise CatalogueError(f"screen kind must be one of {', '.join(SCREEN_KINDS)}")
+    kws = tuple(sorted({k for k in keywords if k}))
+    if kind == "hyperscan" or (kind == "auto" and hyperscan_available()):
+        return HyperscanScreen(kws, tuple(needles))
+    return build_python_screen(kws, anchors, needles)
+
+
+def build_python_screen(keywords: Iterable[str], anchors: Iterable[str], needles: Iterable[str] = ()) -> Screen:
+    """The stdlib screen: for each keyword the suffix from its cheapest anchor byte."""
     anchor_set = set(anchors)
     by_anchor: dict[str, set[str]] = {}
     kws = sorted({k for k in keywords if k})

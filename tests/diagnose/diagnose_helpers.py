@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 CORPUS = REPO / "tests" / "data" / "logcorpus"
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 QUIET = ("healthy", "benign_warning")  # labels whose logs must give root_cause null
+WARNING_ONLY = ("shadow_accounting_off",)  # labels whose logs serve, degraded, with that warning
 
 _NAME = re.compile(r"^[0-9]{3}-([a-z_]+)\.log$")
 _SYNTH = re.compile(r"^synthetic-([a-z_]+)-[a-z0-9-]+\.log$")
@@ -94,4 +96,92 @@ def as_journal_json(lines: list[bytes], byte_arrays: bool = False) -> list[bytes
                  "_PID": "41231", "SYSLOG_IDENTIFIER": "python", "_SYSTEMD_INVOCATION_ID": "0123456789abcdef",
                  "PRIORITY": "6", "MESSAGE": msg}
         out.append(json.dumps(entry).encode())
+    return out
+
+
+@dataclass(frozen=True)
+class Expect:
+    """What an operator reads first, for one log: the verdict, the root cause's label (None when
+    there is none), the warning labels of a degraded log, and the lines reported as harmless."""
+
+    verdict: str
+    label: str | None
+    warnings: tuple[str, ...] = ()
+    harmless: tuple[int, ...] = ()
+    warns_at: tuple[tuple[str, int], ...] = ()  # (label, line) of warnings beside a failure
+    evidence: str | None = None  # a substring of the root cause's line
+    harmless_text: str | None = None  # a line holding this is reported harmless
+
+
+def expected(path: Path) -> Expect:
+    """From the file's name (NNN-<label>.log, synthetic-<label>-what.log) and, in a made-up
+    fixture, its header comments: `# expect: degraded LABEL`, `# harmless: LINE ...`,
+    `# warns: LABEL@LINE ...`."""
+    label = label_of(path)
+    if label in QUIET:
+        exp = Expect("healthy", None)
+    elif label in WARNING_ONLY:
+        exp = Expect("degraded", None, (label,))
+    else:
+        exp = Expect("failed", label)
+    if not path.name.startswith("synthetic-"):
+        ev = index_evidence().get(path.name)
+        if label == "benign_warning" and path.name not in BENIGN_EVIDENCE_NOT_A_WARNING:
+            # the scary line the index names is reported as harmless, not only left alone
+            return Expect(exp.verdict, exp.label, harmless_text=ev)
+        return Expect(exp.verdict, exp.label, evidence=ev) if exp.label else exp
+    for line in path.read_text("utf-8", "replace").splitlines():
+        if not line.startswith("# "):
+            break
+        key, _, rest = line[2:].partition(":")
+        words = rest.split()
+        if key == "expect" and words and words[0] == "degraded":
+            exp = Expect("degraded", None, tuple(words[1:]), exp.harmless, exp.warns_at)
+        elif key == "harmless":
+            exp = Expect(exp.verdict, exp.label, exp.warnings, tuple(int(w) for w in words), exp.warns_at)
+        elif key == "warns":
+            at = tuple((w.split("@")[0], int(w.split("@")[1])) for w in words)
+            exp = Expect(exp.verdict, exp.label, exp.warnings, exp.harmless, at)
+        elif key == "evidence":
+            exp = Expect(exp.verdict, exp.label, exp.warnings, exp.harmless, exp.warns_at, rest.strip())
+    return exp
+
+
+# benign_warning logs whose index evidence is a normal serving line, not a warning to call harmless
+BENIGN_EVIDENCE_NOT_A_WARNING = {
+    "032-benign_warning.log": "a decode report ('cuda graph: False' above the captured batch sizes) is not a warning",
+}
+
+
+def misses(report: object, exp: Expect, lines: list[bytes] | None = None) -> list[str]:
+    """How a report differs from what the log's expectation says (empty when it holds). The
+    evidence substring is looked for in the root cause's line as given (`lines`, unwrapped: the
+    index quotes lines with their record prefixes) and in its cleaned text."""
+    rep = report  # a classify.Report
+    out: list[str] = []
+    evidence = exp.evidence
+    rc = rep.root_cause  # type: ignore[attr-defined]
+    if rep.verdict != exp.verdict:  # type: ignore[attr-defined]
+        out.append(f"verdict {rep.verdict} != {exp.verdict}")  # type: ignore[attr-defined]
+    got = None if rc is None else rc.label
+    if got != exp.label:
+        out.append(f"root {got} ({rc.rule_id if rc else '-'}) != {exp.label}")
+    if evidence is not None and rc is not None and evidence not in rc.text:
+        given = lines[rc.line - 1].decode("utf-8", "replace") if lines and 0 < rc.line <= len(lines) else ""
+        if evidence not in given:
+            out.append(f"evidence {evidence!r} not in line {rc.line}: {rc.text[:120]!r}")
+    if exp.verdict == "degraded":
+        warned = sorted({f.label for f in rep.warnings})  # type: ignore[attr-defined]
+        if warned != sorted(exp.warnings):
+            out.append(f"warnings {warned} != {sorted(exp.warnings)}")
+    benign = {f.line for f in rep.findings if f.severity == "benign"}  # type: ignore[attr-defined]
+    for n in exp.harmless:
+        if n not in benign:
+            out.append(f"line {n} not reported harmless")
+    if exp.harmless_text is not None and not any(
+            f.severity == "benign" and exp.harmless_text in f.text for f in rep.findings):  # type: ignore[attr-defined]
+        out.append(f"{exp.harmless_text!r} not reported harmless")
+    for label, n in exp.warns_at:
+        if not any(f.line == n and f.label == label and f.severity == "warning" for f in rep.findings):  # type: ignore[attr-defined]
+            out.append(f"no {label} warning at line {n}")
     return out

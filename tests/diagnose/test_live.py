@@ -80,7 +80,7 @@ def _host(profile: Any, fixture: str, *, unit_result: str = "exit-code", exec_st
 def test_commands_are_data() -> None:
     assert live.cmd_unit_state("s.service") == [
         "systemctl", "show", "-p", "Result,ExecMainStatus,NRestarts,InvocationID,ActiveState,SubState,MainPID,"
-        "ExecMainPID,ExecMainCode", "--", "s.service"]
+        "ExecMainPID,ExecMainCode,LoadState", "--", "s.service"]
     assert live.cmd_kernel_since(1700000000) == ["journalctl", "-k", "--since", "@1700000000", "-o", "short-iso", "--no-pager"]
     assert live.cmd_journal_invocation("s.service", "abc")[-3:] == ["+", "UNIT=s.service", "INVOCATION_ID=abc"]
     assert live.cmd_plugin_check("/opt/venv/bin/python")[:3] == ["env", "SGLANG_PLUGINS=ddtree", "/opt/venv/bin/python"]
@@ -265,3 +265,121 @@ def test_last_target_layer_is_refused_before_anything_changes(profile: Any, ids:
         assert f.severity == "fatal" and "outside what the target captures" in check.detail
     # diagnose only reads: it ran no command that changes the host
     assert not any(c[:2] in (("systemctl", "restart"), ("systemctl", "start"), ("systemctl", "stop")) for c in h.calls)
+
+
+# ------------------------------------------------------------------ issue 20: verdicts from what was read
+
+
+def _kill_host(profile: Any, kernel: str) -> FakeHost:
+    h = _host(profile, "synthetic-healthy-full-startup.log")
+    lines = [*raw_lines(FIXTURES / "synthetic-healthy-full-startup.log"),
+             b"[2026-01-10 09:01:02] Subprocess scheduler_0 (pid=41300) crashed with exit code -9. Triggering SIGQUIT for cleanup..."]
+    journal = b"\n".join(as_journal_json(lines)).decode()
+    h.on(live.cmd_journal_recent(profile.service.unit), journal)
+    h.on(live.cmd_journal_invocation(profile.service.unit, INV), journal)
+    h.on(live.cmd_kernel_since(1767000000), kernel)
+    return h
+
+
+def test_a_sigkill_is_host_oom_only_when_the_kernel_log_says_so(profile: Any) -> None:
+    quiet = live.diagnose_host(_kill_host(profile, ""), profile).combined()
+    assert quiet.root_cause is not None and quiet.root_cause.label == "killed_by_signal"
+    oom = ("2026-01-10T09:01:01+0000 ct129 kernel: python invoked oom-killer: gfp_mask=0x140cca(GFP_HIGHUSER_MOVABLE)\n"
+           "2026-01-10T09:01:02+0000 ct129 kernel: Out of memory: Killed process 41300 (python) total-vm:78521468kB\n")
+    rep = live.diagnose_host(_kill_host(profile, oom), profile).combined()
+    assert rep.root_cause is not None and rep.root_cause.label == "host_oom"
+    assert "Killed process 41300" in rep.root_cause.text and "exit code -9" in rep.root_cause.context
+
+
+def test_the_kernel_log_is_read_through_the_host_as_a_command(profile: Any) -> None:
+    h = _kill_host(profile, "")
+    live.diagnose_host(h, profile)
+    assert tuple(live.cmd_kernel_since(1767000000)) in h.calls and live.cmd_kernel_since(1767000000)[:2] == ["journalctl", "-k"]
+
+
+def _nothing_host(profile: Any, systemctl: tuple[str, int, str]) -> FakeHost:
+    """A host where systemd and journald answer nothing (the local transport on a machine without
+    systemd: `diagnose h200` once printed HEALTHY with 0 lines read)."""
+    h = FakeHost(name="h200")
+    h.on(live.cmd_unit_state(profile.service.unit), systemctl[0], rc=systemctl[1], stderr=systemctl[2])
+    return h
+
+
+@pytest.mark.parametrize("systemctl", [
+    ("", 127, "systemctl: command not found"),
+    ("", 1, "System has not been booted with systemd as init system (PID 1). Can't operate."),
+    ("LoadState=not-found\nActiveState=inactive\nSubState=dead\nResult=success\n", 0, ""),
+])
+def test_a_diagnosis_that_read_nothing_says_so(profile: Any, systemctl: tuple[str, int, str]) -> None:
+    diag = live.diagnose_host(_nothing_host(profile, systemctl), profile)
+    rep = diag.combined()
+    assert diag.unreadable and rep.verdict == "unreadable" and rep.root_cause is None
+    from ddtree_ops.diagnose import report as rpt
+
+    assert rpt.exit_code(rep.verdict) == 3
+
+
+def test_cli_exits_3_when_nothing_could_be_read(profile: Any, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from contextlib import contextmanager
+
+    import ddtree_ops.cli._common as common
+    from ddtree_ops.cli.app import main
+
+    h = _nothing_host(profile, ("", 1, "System has not been booted with systemd as init system (PID 1). Can't operate."))
+
+    @contextmanager
+    def fake_connect(p: Any, ssh_config: Any) -> Any:
+        yield h
+
+    monkeypatch.setattr(common, "connect", fake_connect)
+    with pytest.raises(SystemExit) as exc:
+        main(["diagnose", "ct129"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 3 and "HEALTHY" not in err and "could not read" in err
+
+
+def test_an_unreadable_journal_beside_a_known_unit_is_not_healthy(profile: Any) -> None:
+    h = _host(profile, "synthetic-healthy-full-startup.log", unit_result="success")
+    h.on(live.cmd_unit_state(profile.service.unit), f"Result=success\nExecMainStatus=0\nNRestarts=0\nInvocationID={INV}\n"
+                                                    "ActiveState=active\nSubState=running\nMainPID=41231\nLoadState=loaded\n")
+    h.on(live.cmd_journal_recent(profile.service.unit), "")
+    h.on(live.cmd_journal_invocation(profile.service.unit, INV), "")
+    diag = live.diagnose_host(h, profile)
+    rep = diag.combined()
+    assert not diag.unreadable and rep.verdict == "degraded"
+    assert any(f.rule_id == "journal_unreadable" for f in rep.findings)
+
+
+def _gpu_host(profile: Any, fixture: str) -> FakeHost:
+    return _host(profile, fixture, smi=("0, GPU-1, NVIDIA H200, 143771, 0, 143771, 9.0, 580.95.05", 0, ""))
+
+
+def test_cards_the_host_lacks_are_named_against_the_profile(profile: Any) -> None:
+    from ddtree_ops.profile import GpuCard
+
+    one = profile.model_copy(update={"gpus": [GpuCard(index=1)]})
+    rc = live.diagnose_host(_gpu_host(one, "synthetic-bad_launch_flags-no-accelerator-gpus-1.log"), one).combined().root_cause
+    assert rc is not None and rc.label == "bad_launch_flags" and rc.profile_key == "gpus"
+    assert "gpus [1]" in rc.meaning and "0: NVIDIA H200" in rc.meaning
+    assert "gpus lists [1]" in rc.remedy and "gpus: [0]" in rc.remedy and "nvidia-smi -L" in rc.remedy
+
+
+def test_more_ranks_than_cards_names_tp_size(profile: Any) -> None:
+    from ddtree_ops.profile import GpuCard, ParallelSection
+
+    two = profile.model_copy(update={"gpus": [GpuCard(index=0), GpuCard(index=1)], "parallel": ParallelSection(tp_size=2)})
+    rc = live.diagnose_host(_gpu_host(two, "synthetic-bad_launch_flags-invalid-ordinal-tp2.log"), two).combined().root_cause
+    assert rc is not None and "parallel.tp_size" in rc.remedy and "to 1 or less" in rc.remedy
+    assert "tp_size 2" in rc.meaning and "1 card(s)" in rc.meaning
+
+
+def test_a_local_host_without_the_unit_reads_as_unreadable(profile: Any) -> None:
+    """The real case through the real local transport: this machine has no such unit (and, where
+    it runs without systemd as PID 1, no systemd at all); `diagnose` must not call it healthy."""
+    from ddtree_ops.local import LocalHost
+
+    svc = profile.service.model_copy(update={"unit": "ddtree-ops-test-never-installed.service"})
+    local = profile.model_copy(update={"service": svc})
+    diag = live.diagnose_host(LocalHost("localhost"), local, "nextn")
+    assert diag.unreadable and diag.combined().verdict == "unreadable"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,3 +121,85 @@ def test_the_screen_in_worker_processes_gives_the_same_report(tmp_path: Path) ->
     single = classify_bytes(data)
     parallel = classify_path(str(path), workers=2, min_bytes=0, chunk_bytes=3000)  # slices cut tracebacks
     assert _key(parallel) == _key(single) and single.lines == len(lines) * 3
+
+
+SCREENS = ("python", "hyperscan")
+
+
+def _catalogue_with(screen: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN202 - a Catalogue
+    """A catalogue whose keyword screen is the stdlib one or Hyperscan."""
+    from ddtree_ops.diagnose import screen as S
+    from ddtree_ops.diagnose.catalogue import parse_catalogue, screen_for
+
+    if screen == "hyperscan" and not S.hyperscan_available():
+        pytest.skip("hyperscan is not installed here")
+    cat = parse_catalogue((Path(S.__file__).parent / "catalogue.yaml").read_text("utf-8"), screen_kind=screen)
+    assert type(screen_for(cat)).__name__ == ("HyperscanScreen" if screen == "hyperscan" else "Screen")
+    return cat
+
+
+@pytest.mark.parametrize("screen", SCREENS)
+def test_both_screens_give_the_same_report(screen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The screen only decides which lines Python reads: Hyperscan (where installed) and the stdlib
+    screen must give the report the scanner gives when it reads every line."""
+    cat = _catalogue_with(screen, monkeypatch)
+    for name, raw in ALL_LINES:
+        data = b"\n".join(as_journald(raw)) + b"\n"
+        reports = []
+        for every_line in (False, True):
+            sc = Scanner(cat)
+            if every_line:
+                sc.screen = _EveryLine()  # type: ignore[assignment]
+            sc.feed_bytes(data)
+            sc.finish()
+            reports.append(_key(sc.report()))
+        assert reports[0] == reports[1], name
+
+
+class _EveryLine:
+    """No screening at all: every line is read in Python (the reference a screen must equal)."""
+
+    def hits(self, buf: bytes, start: int = 0, end: int | None = None) -> list[int]:
+        end = len(buf) if end is None else end
+        out, pos = [], start
+        while pos < end:
+            out.append(pos)
+            nl = buf.find(b"\n", pos, end)
+            pos = end if nl < 0 else nl + 1
+        return out
+
+
+@pytest.mark.parametrize("screen", SCREENS)
+def test_a_screen_finds_a_keyword_cut_by_block_edges(screen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    cat = _catalogue_with(screen, monkeypatch)
+    line = b"Jan 10 09:00:00 ct129 sglang[1]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n"
+    data = b"Jan 10 09:00:00 ct129 sglang[1]: healthy line\n" * 3000 + line
+    for size in (7, 4096, 65536):
+        sc = Scanner(cat)
+        for i in range(0, len(data), size):
+            sc.feed_bytes(data[i:i + size])
+        sc.finish()
+        rc = sc.report().root_cause
+        assert rc is not None and rc.label == "cuda_oom" and rc.line == 3001, size
+
+
+@pytest.mark.parametrize("screen", SCREENS)
+def test_threads_share_a_catalogue_and_its_screen(screen: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fleet and service gates classify several hosts' journals at once, in threads, with one
+    catalogue: each scan must get the report it gets alone (Hyperscan scans without the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cat = _catalogue_with(screen, monkeypatch)
+    datas = [b"\n".join(as_journald(raw)) * 20 + b"\n" for _, raw in ALL_LINES[:16]]
+
+    def one(data: bytes) -> tuple:
+        sc = Scanner(cat)
+        for i in range(0, len(data), 1 << 16):
+            sc.feed_bytes(data[i:i + (1 << 16)])
+        sc.finish()
+        return _key(sc.report())
+
+    alone = [one(d) for d in datas]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(one, datas * 3))
+    assert together == alone * 3

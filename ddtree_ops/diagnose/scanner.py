@@ -1,0 +1,620 @@
+"""The scanner: lines in, findings out, incrementally. Pure: no I/O, no clock.
+
+How a scan works (and why it is fast on a healthy gigabyte and on a flood of one warning):
+1. A keyword screen (`screen.Screen`) runs over whole blocks of raw bytes in C: memchr for
+   anchor bytes that are rare in healthy SGLang serving lines, one `re` pass for each common
+   one, so a boring line costs no Python work at all.
+2. A hit line's decision is memoised per message shape (the raw line with every digit made
+   "0"): a million copies of one warning are one dictionary lookup each once their rule has
+   kept its `MAX_PER_RULE` examples. Keywords hold no digits, so the shape decides the
+   candidate rules; a decision is only memoised when none of them looks at digits.
+3. Otherwise the line is decoded, stripped of journald/container/Ray/rank prefixes
+   (`journal.clean_line`), and one combined keyword regex (`screen.KeywordIndex`) names the
+   few rules that can match it; they are tried in catalogue order (first match wins). The cost
+   of a hit line does not grow with the number of rules.
+4. A line that opens a Python traceback switches to line-by-line mode until the traceback ends,
+   so that the exception line, its chained parts and the frames that raised it are known:
+   rules can require where an exception was raised (`raised_in`), not only what it says.
+5. What the log says about the start (`context.LaunchContext`) is kept: after a requested stop,
+   shutdown noise is benign; an ambiguous message is named from the context by a resolver.
+6. The root cause is chosen over findings, not lines (`root.choose_root`).
+
+`Scanner` is the incremental form (the deploy gate feeds it each poll's new lines);
+`classify(lines)` is `Scanner().feed(lines)` + `report()`, and feeding in chunks gives the same
+report as feeding everything at once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from typing import IO
+
+from ddtree_ops.diagnose import journal
+from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, index_for, load_catalogue, lookback_rx,
+                                           screen_for)
+from ddtree_ops.diagnose.context import DECLINE, RESOLVERS, Clues, LaunchContext, Resolution, note_launch, note_visible
+from ddtree_ops.diagnose.facts import ACCEPT_STREAK, AcceptTracker, MemoryFacts, parse_memory
+from ddtree_ops.diagnose.findings import Finding, Report, crash_signature
+from ddtree_ops.diagnose.root import choose_root, verdict_of
+
+MAX_MATCH_CHARS = 16384  # a hit inside a longer line is matched in a window around the hit
+MAX_TEXT_CHARS = 2000  # what a finding keeps of its line
+MAX_PER_RULE = 50  # findings kept per rule (the rest are counted): a 1 GB journal stays small
+MAX_MEMO = 1 << 16  # message shapes remembered (then forgotten at once: a flood has few shapes)
+LOOKBACK_BYTES = 1 << 16  # how far back a stop or start of the unit is looked for before shutdown noise
+ORPHAN_BYTES = 1 << 15  # how far back the frames of a traceback without its header are read
+ORPHAN_LINES = 400
+SPEC_LOOKBACK_BYTES = 2048  # "right before": a native abort this close to a speculative setting
+_SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|DDTREE|draft model|draft_model")
+# a line that can end a traceback: what the frames before it were raising
+_EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
+_XID_RX = re.compile(r"NVRM: Xid \([^)]{0,64}\): ([0-9]{1,4})")
+_RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(")
+_ACCEPT_B = ACCEPT.encode()
+_DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
+
+
+def _to_bytes(line: str | bytes) -> bytes:
+    if isinstance(line, bytes):
+        return line
+    return line.encode("utf-8", "surrogateescape")
+
+
+_HELD_ROLES = ("wrapper", "backstop", "consequence")  # held while their traceback is still open
+# after a requested stop these are shutdown, not a crash (a specific cause still counts)
+_SHUTDOWN_ROLES = ("consequence", "backstop", "downstream")
+
+
+class Scanner:
+    """Incremental classifier: feed lines as they arrive, ask for the report at any time.
+
+    `feed()` returns the findings confirmed by the new lines. A specific cause is returned at
+    once (the gate fails on it in the same poll); generic evidence inside a traceback (its
+    header, a wrapper, an unnamed exception) is held until the traceback ends or `report()` is
+    called, so a poll boundary inside a traceback never reports an unexplained crash before the
+    line that explains it arrives.
+    """
+
+    def __init__(self, catalogue: Catalogue | None = None) -> None:
+        self.cat = catalogue or load_catalogue()
+        self.screen = screen_for(self.cat)
+        self._index = index_for(self.cat)
+        self._lookback_rx = lookback_rx(self.cat)  # looked up once: hashing a catalogue is not free
+        self._rules = self.cat.rules
+        # an exception no rule names is kept as the catalogue's generic backstop's evidence
+        self._backstop = next((r for r in self.cat.rules if r.role == "backstop"), None)
+        self._defer = {r.id: r.defer_within for r in self.cat.rules if r.defer_within}
+        self._tb = journal.TracebackTracker()
+        self._ctx = LaunchContext()
+        self._memo: dict[bytes, int] = {}  # message shape -> rule index (-1: no rule)
+        self._line = 0  # input lines consumed so far
+        self._findings: list[Finding] = []
+        self._pending: list[Finding] = []  # inside the open traceback
+        self._per_rule: dict[str, int] = {}
+        self._suppressed: dict[str, int] = {}
+        self._first_fatal: Finding | None = None
+        self._ready_line: int | None = None
+        self._memory = MemoryFacts()
+        self._accept = AcceptTracker()
+        self._claimed: dict[str, int] = {}  # rule id -> lines it claimed (info and benign rules too)
+        self._json: bool | None = None  # decided on the first non-blank input
+        self._partial = b""  # an incomplete last line from feed_bytes
+        self._buf: bytes = b""  # the block being scanned, and the offset of the current line in it
+        self._cur = 0
+        self._seen_to = 0  # the block was looked back at up to here
+        self._carry = b""  # the end of the previous block that was not looked back at
+        self._tail = b""  # the last ORPHAN_BYTES of the previous blocks
+        self._block: tuple[int, int, list[int] | None] = (0, 0, None)  # start, line base, line map
+
+    # ---------------------------------------------------------------- public API
+
+    @property
+    def first_fatal(self) -> Finding | None:
+        return self._first_fatal
+
+    @property
+    def lines(self) -> int:
+        return self._line
+
+    @property
+    def context(self) -> LaunchContext:
+        return self._ctx
+
+    def feed(self, lines: Iterable[str | bytes]) -> list[Finding]:
+        """Feed whole lines (str or bytes, without or with their newline)."""
+        parts = [_to_bytes(ln).rstrip(b"\r\n") for ln in lines]
+        if not parts:
+            return []
+        return self._feed_block(b"\n".join(parts) + b"\n")
+
+    def feed_bytes(self, data: bytes) -> list[Finding]:
+        """Feed raw bytes from a file or pipe; a trailing partial line waits for the next call."""
+        out: list[Finding] = []
+        start = 0
+        if self._partial:
+            nl = data.find(b"\n")
+            if nl < 0:
+                self._partial += data
+                return out
+            out += self._feed_block(self._partial + data[: nl + 1])
+            self._partial, start = b"", nl + 1
+        cut = data.rfind(b"\n")
+        if cut < start:
+            self._partial = data[start:]
+            return out
+        # the block is scanned in place: no copy of megabytes per call
+        out += self._feed_block(data, start, cut + 1)
+        self._partial = data[cut + 1:]
+        return out
+
+    def feed_screened(self, data: bytes, hits: list[int], where: list[int], newlines: int) -> list[Finding]:
+        """Feed a block of whole lines whose screen was run elsewhere (`classify_path`): `hits` are
+        the screen's offsets, `where[i]` the block line index of hits[i], `newlines` its line count."""
+        if self._partial:
+            raise ValueError("feed_screened after a partial line: feed whole lines")
+        if self._json is None and data.strip():
+            self._json = journal.looks_like_json_journal(data[:65536])
+        if self._json:
+            return self._feed_block(data)
+        before = len(self._findings)
+        self._scan(data, None, screened=(hits, where, newlines))
+        return self._findings[before:]
+
+    def finish(self) -> list[Finding]:
+        """End of input: the partial last line and any open traceback are settled."""
+        out: list[Finding] = []
+        if self._partial:
+            out += self._feed_block(self._partial + b"\n")
+            self._partial = b""
+        return out
+
+    def report(self) -> Report:
+        findings = sorted([*self._findings, *self._pending_settled()], key=lambda f: (f.line, f.rule_id))
+        root = choose_root(findings, self._tb.starts, self._defer)
+        verdict = verdict_of(root, findings)
+        return Report(verdict=verdict, root_cause=root, findings=findings, lines=self._line,
+                      ready_line=self._ready_line, memory=self._memory, accept=self._accept.stats(),
+                      suppressed=dict(self._suppressed), launch=self._ctx.to_json(), claimed=dict(self._claimed))
+
+    # ---------------------------------------------------------------- blocks
+
+    def _feed_block(self, buf: bytes, start: int = 0, end: int | None = None) -> list[Finding]:
+        end = len(buf) if end is None else end
+        if self._json is None and buf[start:end].strip():
+            self._json = journal.looks_like_json_journal(buf[start:start + 65536])
+        before = len(self._findings)
+        if self._json:
+            self._feed_json(buf[start:end])
+        else:
+            self._scan(buf, None, start=start, end=end)
+        return self._findings[before:]
+
+    def _feed_json(self, buf: bytes) -> None:
+        """`journalctl -o json`: every entry is parsed; its message lines keep the entry's number."""
+        out: list[bytes] = []
+        line_map: list[int] = []
+        first = self._line
+        for i, raw in enumerate(buf.split(b"\n")[:-1]):
+            text = raw.decode("utf-8", "replace")
+            msgs = journal.json_messages(text) if text.lstrip().startswith("{") else None
+            for msg in (msgs if msgs is not None else [text]):
+                out.append(msg.encode("utf-8", "surrogateescape"))
+                line_map.append(first + i + 1)
+        self._scan(b"\n".join(out) + b"\n" if out else b"", line_map, physical=buf.count(b"\n"))
+
+    def _scan(self, buf: bytes, line_map: list[int] | None, physical: int | None = None,
+              start: int = 0, end: int | None = None,
+              screened: tuple[list[int], list[int], int] | None = None) -> None:
+        """The complete lines in buf[start:end]; `line_map[i]` is the input line of block line i.
+
+        `screened` (offsets, their line indices in the block, newlines in the block) is the
+        screen's work done elsewhere (`classify_path` runs it in worker processes).
+        """
+        end = len(buf) if end is None else end
+        base = self._line
+        pos = start  # byte offset of the next unprocessed line
+        idx = 0  # its index in the block
+        accept_from = start  # offset after the last accept-len report the screen saw
+        count = buf.count
+        find = buf.find
+        accept = self._accept
+        self._buf, self._seen_to = buf, start  # for _lookback: lines before start were not looked at
+        self._block = (start, base, line_map)
+
+        def lineno(i: int) -> int:
+            return line_map[i] if line_map is not None else base + i + 1
+
+        def slow_until_closed() -> None:
+            # line by line while a traceback is open
+            nonlocal pos, idx
+            while self._tb.open and pos < end:
+                e = find(b"\n", pos, end)
+                e = e if e >= 0 else end
+                self._cur = pos
+                self._line_full(buf[pos:e], lineno(idx), hit=None)
+                pos, idx = e + 1, idx + 1
+            if not self._tb.open:
+                self._settle_group()
+
+        slow_until_closed()
+        line_full = self._line_full
+        if screened is not None:
+            hits, where = screened[0], screened[1]
+        else:
+            hits, where = (self.screen.hits(buf, pos, end) if pos < end else []), None
+        for k, h in enumerate(hits):
+            if h < pos:
+                continue  # already handled (same line, or inside a traceback read line by line)
+            ls = buf.rfind(b"\n", pos, h) + 1
+            if ls < pos:
+                ls = pos
+            idx = where[k] if where is not None else idx + count(b"\n", pos, ls)
+            e = find(b"\n", ls, end)
+            if e < 0:
+                e = end
+            if accept.streak and find(_ACCEPT_B, ls, e) >= 0 and count(_ACCEPT_B, accept_from, ls):
+                # an accept-len report the screen skipped lies between the previous low one and
+                # this one: it was not low, so the streak of 1.00s is broken
+                accept.broken()
+            self._cur = ls
+            line_full(buf[ls:e], line_map[idx] if line_map is not None else base + idx + 1, hit=h - ls)
+            if accept.streak:
+                accept_from = e  # reports after this line decide whether the streak holds
+            pos, idx = e + 1, idx + 1
+            if self._tb.open:
+                slow_until_closed()
+        if accept.streak and count(_ACCEPT_B, accept_from, end):
+            accept.broken()
+        accept.note_recent(buf, start, end)
+        # what was not looked back at yet: its end may hold a stop that explains the next block
+        tail_from = max(self._seen_to, end - LOOKBACK_BYTES)
+        self._carry = buf[tail_from:end] if tail_from < end else b""
+        # the last lines of the block, for frames whose exception line opens the next one
+        self._tail = (self._tail + buf[max(start, end - ORPHAN_BYTES):end])[-ORPHAN_BYTES:]
+        self._buf = b""
+        if physical is not None:
+            self._line = base + physical
+        elif screened is not None:
+            self._line = base + screened[2]
+        elif pos <= end:
+            self._line = base + idx + count(b"\n", pos, end)
+        else:  # the last line had no newline: it is not a complete line
+            self._line = base + idx - 1
+
+    def _lookback(self) -> None:
+        """Apply the unit's start/stop lines that the screen skipped, up to the current line.
+
+        Called only before shutdown noise would become a finding: the region since the last look
+        (at most LOOKBACK_BYTES, and the tail of the previous block) is searched once.
+        """
+        rx = self._lookback_rx
+        upto = self._cur
+        lo = max(self._seen_to, upto - LOOKBACK_BYTES)
+        region = self._carry + (self._buf[lo:upto] if self._buf and lo < upto else b"")
+        self._seen_to, self._carry = max(self._seen_to, upto), b""
+        if rx is None or not region:
+            return
+        carried = len(region) - (upto - lo if self._buf and lo < upto else 0)
+        for m in rx.finditer(region):
+            ls = region.rfind(b"\n", 0, m.start()) + 1
+            le = region.find(b"\n", m.end())
+            text, _ = journal.clean_line(region[ls:le if le >= 0 else len(region)].decode("utf-8", "replace"))
+            for i in self._index.candidates(text):
+                rule = self._rules[i]
+                if rule.context in ("start", "stop") and rule.search(text):
+                    self._claimed[rule.id] = self._claimed.get(rule.id, 0) + 1
+                    self._note_context(rule, text, self._lineno_at(lo + ls - carried) if ls >= carried else 0)
+                    break
+
+    def _spec_setting_just_before(self) -> bool:
+        """Whether one of the few lines before the current one is about speculative decoding."""
+        if not self._buf:
+            return False
+        cur, block_start = self._cur, self._block[0]
+        recent = (self._tail + self._buf[block_start:cur] if cur - block_start < SPEC_LOOKBACK_BYTES
+                  else self._buf[cur - SPEC_LOOKBACK_BYTES:cur])
+        return _SPEC_SETTING_RX.search(recent[-SPEC_LOOKBACK_BYTES:]) is not None
+
+    def _adopt_orphan_frames(self, lineno: int) -> None:
+        """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
+        to a rate limit): the frames before it are read back, so where it was raised is known."""
+        if self._buf:
+            cur, block_start = self._cur, self._block[0]
+            # the previous blocks' tail joins on only where this block's start is within reach
+            region = (self._tail + self._buf[block_start:cur] if cur - block_start < ORPHAN_BYTES
+                      else self._buf[cur - ORPHAN_BYTES:cur])
+        else:
+            region = self._tail
+        end = len(region)
+        back: list[str] = []
+        frames = 0
+        while end > 0 and len(back) < ORPHAN_LINES:
+            s = region.rfind(b"\n", 0, end - 1) + 1 if end > 0 else 0
+            line = region[s:end].rstrip(b"\n")
+            text, _ = journal.clean_line(line.decode("utf-8", "replace"))
+            if journal.is_frame(text):
+                frames += 1
+            elif not (text[:1] in (" ", "\t") or not text.strip() or journal.is_caret(text)):
+                break
+            back.append(text)
+            if s == 0:
+                break
+            end = s
+        while back and not journal.is_frame(back[-1]):
+            back.pop()  # the group starts at its first frame
+        if not frames or not back:
+            return
+        start = lineno - len(back)
+        self._tb.step(journal.TRACEBACK_HEADER, True, start)
+        for text in reversed(back):
+            self._tb.step(text, False, start)
+
+    def _lineno_at(self, offset: int) -> int:
+        """The input line number of the line at `offset` of the current block."""
+        start, base, line_map = self._block
+        i = self._buf.count(b"\n", start, offset)
+        return line_map[i] if line_map is not None and i < len(line_map) else base + i + 1
+
+    # ---------------------------------------------------------------- lines
+
+    def _line_full(self, raw: bytes, lineno: int, hit: int | None) -> None:
+        key: bytes | None = None
+        if len(raw) > MAX_MATCH_CHARS:
+            center = hit if hit is not None else 0
+            lo = max(0, center - MAX_MATCH_CHARS // 2)
+            raw = raw[lo: lo + MAX_MATCH_CHARS]
+        elif not self._tb.open:
+            key = raw.translate(_DIGIT0)
+            known = self._memo.get(key)
+            if known is not None:
+                if known < 0:
+                    return  # a shape that no rule claims (a screen false positive)
+                rid = self._rules[known].id
+                self._claimed[rid] = self._claimed.get(rid, 0) + 1
+                n = self._per_rule.get(rid, 0)
+                if n >= MAX_PER_RULE:
+                    # the rule has its examples: this copy is only counted
+                    self._per_rule[rid] = n + 1
+                    self._suppressed[rid] = self._suppressed.get(rid, 0) + 1
+                    return
+        text, new_record = journal.clean_line(raw.decode("utf-8", "replace"))
+        was_open = self._tb.open
+        if not was_open and _EXC_START.match(text) and (self._buf or self._tail):
+            self._adopt_orphan_frames(lineno)
+        group, kind = self._tb.step(text, new_record, lineno)
+        if was_open and group is None:
+            self._settle_group()
+        if kind in ("frame", "code") or (group is None and _RAISE_CODE.match(text)):
+            # source code quoted by a traceback (`raise HFValidationError(`), with or without its
+            # frame line (pasted excerpts), is not an error message
+            return
+        has_accept = ACCEPT in text
+        if has_accept:
+            self._accept_line(text, lineno)
+        if "CUDA_VISIBLE_DEVICES" in text:
+            note_visible(self._ctx, text)  # which cards this start was given, where the log says it
+            has_accept = True  # (its value is not in the message shape: never memoised)
+        cands = self._index.candidates(text)
+        rule, m, named = self._match(text, group, cands)
+        if key is not None and kind == "other" and group is None and not has_accept \
+                and (rule is None or rule.plain) and not self._digits_matter(text, cands):
+            if len(self._memo) >= MAX_MEMO:
+                self._memo.clear()
+            self._memo[key] = -1 if rule is None else rule.order
+        if rule is not None:
+            self._claimed[rule.id] = self._claimed.get(rule.id, 0) + 1
+        if rule is None:
+            if kind == "exc" and group is not None and self._backstop is not None:
+                # a traceback ended in an exception no rule names: keep it as generic evidence
+                self._add(self._backstop, text, text, lineno, group)
+            return
+        if rule.severity == "info":
+            self._info(rule, text, lineno)
+            return
+        if rule.context is not None:
+            self._note_context(rule, text, lineno)
+        # the match and the rest of its sentence: still a substring of the line (the gate finds
+        # the journal entry by it), but readable ("undefined symbol: _ZNK3c10...", not "undefined symbol: ")
+        evidence = text[m.start(): max(m.end(), min(len(text), m.start() + 160))] if m is not None else text
+        if rule.role == "backstop":
+            evidence = text.strip()[:300]
+        self._add(rule, text, evidence, lineno, group, named)
+
+    def _digits_matter(self, text: str, cands: tuple[int, ...]) -> bool:
+        """Whether a candidate rule has a pattern that tells digits apart and whose keyword is in
+        this line (then lines of this shape may get different answers: no memo)."""
+        rules = self._rules
+        return any(rules[i].digit_sensitive and any(k in text for k in rules[i].sensitive_literals) for i in cands)
+
+    def _match(self, text: str, group: int | None,
+               cands: tuple[int, ...]) -> tuple[Rule | None, re.Match[str] | None, Resolution | None]:
+        """The first rule (by priority) that claims the line, its match, and what its resolver named.
+
+        A resolver may decline (`DECLINE`): the log's context does not support the rule's cause,
+        and the next rule gets the line."""
+        rules = self._rules
+        raised: list[str] | None = None
+        for i in cands:
+            rule = rules[i]
+            if rule.frames or rule.raised_in:
+                if group is None:
+                    continue
+                if rule.frames and not any(fr in path for path in self._tb.frames for fr in rule.frames):
+                    continue
+                if rule.raised_in:
+                    if raised is None:
+                        raised = self._tb.raised_in()
+                    if not any(fr in path for path in raised for fr in rule.raised_in):
+                        continue
+            m = rule.search(text)
+            if m is None:
+                continue
+            named: Resolution | None = None
+            if rule.resolve is not None:
+                named = RESOLVERS[rule.resolve][0](Clues(
+                    self._ctx, text, self._tb.part if group is not None else [], group is not None,
+                    self._spec_setting_just_before, self.cat.key_of))
+                if named is DECLINE:
+                    continue
+            return rule, m, named
+        return None, None, None
+
+    def _info(self, rule: Rule, text: str, lineno: int) -> None:
+        if rule.context is not None:
+            self._note_context(rule, text, lineno)
+        elif rule.id == "server_ready":
+            if self._ready_line is None or "ready to roll" in text:
+                self._ready_line = lineno
+        else:
+            self._memory = parse_memory(text, self._memory)
+
+    def _note_context(self, rule: Rule, text: str, lineno: int) -> None:
+        ctx = self._ctx
+        what = rule.context
+        if what == "launch":
+            note_launch(ctx, text, lineno)
+        elif what == "start":
+            ctx.stop_line = None
+        elif what == "stop":
+            if ctx.stop_line is None:
+                ctx.stop_line = lineno or max(1, self._line)
+        elif what == "capture_on":
+            if ctx.capture is None:
+                ctx.capture = True
+        elif what == "capture_off":
+            ctx.capture = False
+        elif what == "plugin_seen":
+            ctx.plugin_seen = True
+
+    def _accept_line(self, text: str, lineno: int) -> None:
+        m = self._accept.report(text, random_weights=self._ctx.load_format == "dummy")
+        if m is None:
+            return
+        v = self.cat.derived_finding("accept_len_stuck_at_one")
+        meaning, remedy = v.filled({"streak": str(ACCEPT_STREAK)})
+        self._record(Finding(
+            label=v.label, severity=v.severity, line=lineno, text=text[:MAX_TEXT_CHARS],
+            evidence=m.group(0),  # a substring: the gate finds the entry by it
+            remedy=remedy, profile_key=v.profile_key, direction=v.direction, rule_id="accept_len_stuck_at_one",
+            role="cause", meaning=meaning))
+
+    def _add(self, rule: Rule, text: str, evidence: str, lineno: int, group: int | None,
+             named: Resolution | None = None) -> None:
+        severity, label, hardware, direction = rule.severity, rule.label, False, rule.direction
+        remedy, meaning, profile_key = rule.remedy, rule.meaning, rule.profile_key
+        variant, facts, context = None, {}, ""
+        if rule.xid_hardware:
+            m = _XID_RX.search(text)
+            code = int(m.group(1)) if m else -1
+            hardware = code in rule.xid_hardware
+            variant, facts = rule.variant("hardware" if hardware else "application"), {"code": str(code)}
+        elif named is not None:
+            variant, facts, context = rule.variant(named.variant), named.facts, named.context
+            if "algorithm" in facts:
+                facts = {**facts, "algorithm_check": self.cat.algorithm_check(facts["algorithm"])}
+        if variant is not None:
+            label, severity, direction, profile_key = variant.label, variant.severity, variant.direction, variant.profile_key
+            meaning, remedy = variant.filled(facts)
+            if rule.xid_hardware and not hardware and code in (13, 31):
+                label = "illegal_memory_access"  # the application Xids of a bad memory access
+        if rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning") and self._buf:
+            self._lookback()
+        if self._ctx.stop_line is not None and rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning"):
+            severity = "benign"
+            meaning = (f"Shutdown after the stop requested at line {self._ctx.stop_line}, not a crash. " + meaning).strip()
+        held = group is not None and self._tb.open and rule.role in _HELD_ROLES
+        if not held and self._per_rule.get(rule.id, 0) >= MAX_PER_RULE:
+            # the rule has its examples: count this one without building it
+            self._per_rule[rule.id] += 1
+            self._suppressed[rule.id] = self._suppressed.get(rule.id, 0) + 1
+            return
+        frames: tuple[str, ...] = ()
+        signature = ""
+        if group is not None and self._tb.part and self._per_rule.get(rule.id, 0) < MAX_PER_RULE:
+            inner = self._tb.innermost()
+            frames = tuple(f.short() for f in inner)
+            if rule.role == "backstop" and label == "unclassified_crash":
+                signature = crash_signature(text, self._tb.part)
+        f = Finding(label=label, severity=severity, line=lineno, text=text[:MAX_TEXT_CHARS],
+                    evidence=evidence[:MAX_TEXT_CHARS], remedy=remedy, profile_key=profile_key,
+                    direction=direction, rule_id=rule.id, role=rule.role, meaning=meaning,
+                    group=group, hardware=hardware, frames=frames, signature=signature, context=context)
+        if held:
+            # generic evidence waits for the end of its traceback, where a specific cause may follow
+            self._pending.append(f)
+        else:
+            self._record(f)
+
+    def _record(self, f: Finding) -> None:
+        n = self._per_rule.get(f.rule_id, 0)
+        self._per_rule[f.rule_id] = n + 1
+        if n >= MAX_PER_RULE:
+            self._suppressed[f.rule_id] = self._suppressed.get(f.rule_id, 0) + 1
+            return
+        self._findings.append(f)
+        if f.severity == "fatal" and self._first_fatal is None:
+            self._first_fatal = f
+
+    def _pending_settled(self) -> list[Finding]:
+        """Findings of a traceback still open at report time (the input ended inside it)."""
+        out = list(self._pending)
+        rule = self._backstop
+        if rule is not None and self._tb.open and not any(f.role != "consequence" for f in out):
+            start = self._tb.starts.get(self._tb.group, 0)
+            severity = "benign" if self._ctx.stop_line is not None else rule.severity
+            out.append(Finding(label=rule.label, severity=severity, line=start, text=journal.TRACEBACK_HEADER,
+                               evidence=journal.TRACEBACK_HEADER, remedy=rule.remedy, profile_key=None,
+                               direction=None, rule_id=rule.id, role="backstop", meaning=rule.meaning,
+                               group=self._tb.group, frames=tuple(f.short() for f in self._tb.innermost())))
+        return out
+
+    def _settle_group(self) -> None:
+        if not self._pending:
+            return
+        pending, self._pending = self._pending, []
+        for f in pending:
+            self._record(f)
+
+
+# ------------------------------------------------------------------ entry points
+
+
+def classify(lines: Iterable[str | bytes], catalogue: Catalogue | None = None) -> Report:
+    """Classify whole lines (pure)."""
+    sc = Scanner(catalogue)
+    batch: list[str | bytes] = []
+    for ln in lines:
+        batch.append(ln)
+        if len(batch) >= 8192:
+            sc.feed(batch)
+            batch = []
+    if batch:
+        sc.feed(batch)
+    sc.finish()
+    return sc.report()
+
+
+def classify_bytes(data: bytes, catalogue: Catalogue | None = None) -> Report:
+    sc = Scanner(catalogue)
+    sc.feed_bytes(data)
+    sc.finish()
+    return sc.report()
+
+
+def iter_blocks(stream: IO[bytes], size: int = 4 << 20) -> Iterator[bytes]:
+    while True:
+        block = stream.read(size)
+        if not block:
+            return
+        yield block
+
+
+def classify_stream(stream: IO[bytes], catalogue: Catalogue | None = None, block_size: int = 4 << 20) -> Report:
+    """Classify a binary stream (a file, stdin) in blocks, without holding it in memory."""
+    sc = Scanner(catalogue)
+    for block in iter_blocks(stream, block_size):
+        sc.feed_bytes(block)
+    sc.finish()
+    return sc.report()
+

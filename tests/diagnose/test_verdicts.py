@@ -1,0 +1,147 @@
+"""Verdicts an operator (and the deploy gate) acts on (issue 20): a benign phrase never silences a
+failure, a SIGKILL is not called host OOM without the OOM killer's word, a generic message gets a
+specific cause only from the log's own context, and a remedy names the profile key to change."""
+
+from __future__ import annotations
+
+from ddtree_ops.diagnose.classify import classify
+from diagnose_helpers import CORPUS, FIXTURES, REPO, raw_lines
+
+REAL = REPO / "tests" / "data" / "real-sglang" / "0.5.17"
+
+
+def _root(lines: list[str] | list[bytes]):  # noqa: ANN202 - a Finding
+    rc = classify(lines).root_cause
+    assert rc is not None
+    return rc
+
+
+# ------------------------------------------------------------------ benign phrases never outrank a failure
+
+
+def test_a_benign_phrase_on_a_fatal_line_does_not_silence_it() -> None:
+    """A line can say it is harmless and still carry a failure's signature: the failure counts."""
+    for line in ("[2026-01-10 09:00:12 TP0] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. "
+                 "This is expected.",
+                 "[2026-01-10 09:00:12 TP0] The client socket has failed to connect to [::1]:29500 (errno: 99 - "
+                 "Cannot assign requested address). RuntimeError: CUDA error: an illegal memory access was encountered"):
+        rep = classify([line])
+        assert rep.verdict == "failed" and rep.root_cause is not None, line
+    assert _root([b"RuntimeError: CUDA out of memory. This is expected"]).label == "cuda_oom"
+
+
+def test_a_benign_line_before_a_failure_does_not_silence_the_later_lines() -> None:
+    lines = ["[2026-01-10 09:00:06 TP0] Using default MoE kernel config. Performance might be sub-optimal! Config file "
+             "not found at /opt/venv/.../E=128,N=768.json",
+             "[2026-01-10 09:00:07 TP0] Scheduler hit an exception: Traceback (most recent call last):",
+             '  File "/opt/venv/lib/python3.11/site-packages/sglang/srt/managers/scheduler.py", line 6350, in run_scheduler_process',
+             "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB"]
+    rc = _root(lines)
+    assert rc.label == "cuda_oom" and rc.line == 4
+
+
+def test_a_rejected_request_is_harmless_not_an_unnamed_crash() -> None:
+    """Benign rules still outrank the generic evidence (an exception line no rule names)."""
+    rep = classify(["ValueError: The input (40210 tokens) is longer than the model's context length (32768 tokens)."])
+    assert rep.verdict == "healthy" and [f.severity for f in rep.findings] == ["benign"]
+
+
+# ------------------------------------------------------------------ SIGKILL is not host OOM by itself
+
+
+def test_a_scheduler_killed_by_hand_is_killed_by_signal() -> None:
+    """Real 0.5.17: the runner SIGKILLed the scheduler; nothing in the log names an OOM killer."""
+    rc = _root(raw_lines(REAL / "4_crash_after_ready.log"))
+    assert rc.label == "killed_by_signal" and "exit code -9" in rc.text
+    assert "journalctl -k" in rc.remedy and "TimeoutStopSec" in rc.remedy and "host_oom" in rc.remedy
+
+
+def test_the_oom_killers_word_makes_a_sigkill_host_oom() -> None:
+    kill = "[2026-12-01 22:35:21] Subprocess scheduler_0 (pid=2137) crashed with exit code -9. Triggering SIGQUIT for cleanup..."
+    oom = "Dec 01 22:35:20 h200 kernel: Out of memory: Killed process 2137 (python) total-vm:78521468kB, anon-rss:60123456kB"
+    assert _root([kill]).label == "killed_by_signal"
+    assert _root([oom, kill]).label == "host_oom"
+    assert _root([kill, oom]).label == "host_oom"  # the kernel's line may be written after SGLang's
+    systemd = raw_lines(FIXTURES / "synthetic-host_oom-systemd.log")
+    assert _root(systemd).label == "host_oom"
+    assert _root([ln for ln in systemd if b"OOM killer" not in ln and b"oom-kill" not in ln]).label == "killed_by_signal"
+
+
+# ------------------------------------------------------------------ generic messages need context
+
+
+def test_this_should_not_happen_is_named_only_from_a_plugin_algorithm() -> None:
+    lines = raw_lines(REAL / "1_neg_nonfamily_graph_layers13.log")
+    rc = _root(lines)
+    assert rc.label == "hidden_capture_missing" and "speculative_algorithm='DDTREE'" in rc.context
+    assert "decode_cuda_graph_runner.py" in rc.context
+    # the same traceback under SGLang's own DFLASH says nothing specific: the backstop names it
+    dflash = [ln.replace(b"speculative_algorithm='DDTREE'", b"speculative_algorithm='DFLASH'") for ln in lines
+              if b"DDTREE shadow" not in ln and b"negctl" not in ln]
+    rc = _root(dflash)
+    assert rc.label == "unclassified_crash" and rc.text == "RuntimeError: This should not happen"
+
+
+def test_a_registered_ddtree_is_not_missing_its_capture() -> None:
+    """The plugin's registration line is the context that tells the two causes of a feature-dim
+    mismatch apart: with it, the draft's target_layer_ids are at fault."""
+    lines = [ln for ln in raw_lines(REAL / "2_neg_nonfamily_nograph.log") if b"negctl" not in ln]
+    assert _root(lines).label == "hidden_capture_missing"
+    registered = [b"[2026-12-01 17:56:07] DDTREE registered as DFlash-family, hidden capture layers [1, 3]", *lines]
+    rc = _root(registered)
+    assert rc.label == "spec_decode_misconfig" and "target_layer_ids" in rc.remedy
+
+
+def test_secondary_symptoms_say_what_they_add() -> None:
+    """py-spy missing beside a watchdog, sgl_kernel's banner without its details: each is reported
+    with its own remedy (and the banner names the ABI problem when nothing else does)."""
+    rep = classify(raw_lines(CORPUS / "012-watchdog_timeout.log"))
+    assert any(f.severity == "warning" and "py-spy" in f.remedy for f in rep.findings)
+    banner = [ln for ln in raw_lines(CORPUS / "005-abi_mismatch.log") if b"undefined symbol" not in ln]
+    rc = _root(banner)
+    assert rc.label == "abi_mismatch" and "common_ops" in rc.text and "sgl-kernel" in rc.remedy
+
+
+# ------------------------------------------------------------------ remedies that name the setting
+
+
+def test_context_past_the_models_limit_names_the_key_and_a_value_that_works() -> None:
+    rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-context-past-model-max.log"))
+    assert rc.profile_key == "memory.context_length" and rc.direction == "lower"
+    assert "from 65536 to 4096" in rc.remedy
+    draft = ["ValueError: Warning: Target model's context_length (32768) is greater than the derived context_length "
+             "(2048). This may lead to incorrect model outputs or CUDA errors."]
+    rc = _root(draft)
+    assert "draft_model_path" in rc.meaning + rc.remedy and "from 32768 to 2048" in rc.remedy
+
+
+def test_gpu_visibility_names_the_cards_and_the_keys() -> None:
+    rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-invalid-ordinal-tp2.log"))
+    assert rc.label == "bad_launch_flags" and rc.profile_key == "gpus"
+    assert "tp_size=2" in rc.context and "CUDA_VISIBLE_DEVICES=0,1" in rc.context
+    assert "parallel.tp_size" in rc.remedy and "nvidia-smi -L" in rc.remedy
+    rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-no-accelerator-gpus-1.log"))
+    assert rc.profile_key == "gpus" and "gpus" in rc.remedy and "nvidia-smi -L" in rc.remedy
+
+
+def test_a_refused_argument_names_its_profile_key() -> None:
+    rc = _root(["launch_server.py: error: argument --attention-backend: invalid choice: 'flashinfer2' "
+                "(choose from 'flashinfer', 'triton', 'fa3', 'fa4')"])
+    assert rc.label == "bad_launch_flags" and "memory.attention_backend" in rc.remedy
+    rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-unrecognized.log"))
+    assert "launch_server --help" in rc.remedy  # a flag no profile key renders: the generic advice
+
+
+def test_a_cause_in_the_draft_names_the_draft_and_what_differs() -> None:
+    rc = _root(raw_lines(FIXTURES / "synthetic-spec_decode_misconfig-dflash-hidden-mismatch.log"))
+    assert rc.profile_key == "modes.<mode>.draft_model_path" and "512" in rc.remedy and "256" in rc.remedy
+    assert "hidden_size" in rc.remedy and "models/dflash.py" in rc.context
+    rc = _root(raw_lines(FIXTURES / "synthetic-spec_decode_misconfig-eagle3-draft-plain-class.log"))
+    assert rc.profile_key == "modes.<mode>.draft_model_path" and "midlayer" in rc.remedy and "EAGLE3" in rc.remedy
+
+
+def test_a_refused_gpu_generation_names_the_backend_setting() -> None:
+    rc = _root(raw_lines(FIXTURES / "synthetic-unsupported_gpu_arch-fa3-on-blackwell.log"))
+    assert rc.profile_key == "memory.attention_backend" and "fa3" in rc.meaning and "Blackwell" in rc.meaning
+    rc = _root(raw_lines(FIXTURES / "synthetic-unsupported_gpu_arch-compute-capability.log"))
+    assert rc.profile_key == "service.python" and "12.0" in rc.meaning
