@@ -105,7 +105,7 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
     import draft_train
     import target as target_mod
     from scales import flops
-    from ddtree_ops.engine.dflash import DFlashDraft, DraftSpec, check_pair, save_draft
+    from ddtree_ops.engine.dflash import DFlashDraft, DraftSpec, check_capture, check_pair, save_draft
 
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("pair: --device cuda but torch sees no GPU")
@@ -184,6 +184,7 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
                      target_layer_ids=d.target_layer_ids, mask_token_id=tok.token_to_id(corpus.MASK),
                      num_target_layers=scale.target.layers, max_position_embeddings=scale.max_position)
     check_pair(spec, tcfg, "pair")
+    check_capture(model, spec.target_layer_ids)
     torch.manual_seed(seed + 4)
     draft = DFlashDraft(spec)
     draft.init_weights()

@@ -405,6 +405,28 @@ class DFlashDrafter:
         return self.head(out[0, 1:]).float()
 
 
+@torch.inference_mode()
+def check_capture(model: Any, target_layer_ids: tuple[int, ...]) -> None:
+    """Hugging Face's `hidden_states[id + 1]` must be the residual stream entering layer id + 1,
+    which is what SGLang captures. transformers releases record hidden states in their own ways
+    (the GPU host runs another release than this one), so it is checked on the model at hand."""
+    layers = model.model.layers
+    seen: dict[int, torch.Tensor] = {}
+    hooks = [layers[i + 1].register_forward_pre_hook(
+        lambda m, a, kw, i=i: seen.__setitem__(i, (a[0] if a else kw["hidden_states"]).detach().clone()),
+        with_kwargs=True) for i in target_layer_ids if i + 1 < len(layers)]
+    try:
+        device = next(model.parameters()).device
+        out = model(input_ids=torch.arange(2, 10, device=device).view(1, -1), output_hidden_states=True)
+    finally:
+        for h in hooks:
+            h.remove()
+    for i in target_layer_ids:
+        if i not in seen or not torch.equal(out.hidden_states[i + 1], seen[i]):
+            raise RuntimeError(f"this transformers' hidden_states[{i + 1}] is not the input of layer {i + 1}: the "
+                               "engine would hand the draft other features than SGLang captures")
+
+
 def load_pair(target_dir: Path, draft_dir: Path, device: str = "cpu",
               dtype: torch.dtype = torch.float32) -> tuple[Any, Any, DFlashDrafter]:
     """(target model, tokenizer, drafter) from a trained pair's two directories."""
@@ -414,6 +436,7 @@ def load_pair(target_dir: Path, draft_dir: Path, device: str = "cpu",
     spec = DraftSpec.from_config(read_config(draft_dir), str(draft_dir / "config.json"))
     check_pair(spec, read_config(target_dir), str(draft_dir / "config.json"))
     model, tok = load_model(str(target_dir), dtype=dtype, device=device)
+    check_capture(model, spec.target_layer_ids)
     draft = load_draft(draft_dir, device=device, dtype=dtype)
     return model, tok, DFlashDrafter(model, draft)
 

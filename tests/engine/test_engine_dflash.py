@@ -6,7 +6,7 @@ SGLang 0.5.17's own `DFlashDraftModel.load_weights`."""
 from __future__ import annotations
 
 import ast
-import importlib.util
+import importlib
 import json
 import sys
 import zipfile
@@ -166,13 +166,11 @@ def test_drafter_refuses_features_of_another_length(target, draft) -> None:
 
 
 def _pair_module(name: str) -> Any:
-    here = REPO / "bench" / "pair"
-    if str(here) not in sys.path:
-        sys.path.insert(0, str(here))
-    spec_ = importlib.util.spec_from_file_location(f"pair_{name}", here / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(mod)
-    return mod
+    """A bench/pair module under its plain name: the scripts import each other that way."""
+    here = str(REPO / "bench" / "pair")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    return importlib.import_module(name)
 
 
 def test_training_blocks_equal_drafting_blocks(target, draft) -> None:
@@ -300,3 +298,24 @@ def test_checkpoint_loads_through_sglang_0517_load_weights(tmp_path, draft) -> N
         p = f"layers.{i}."
         assert {s for n, s in got if n == p + "self_attn.qkv_proj.weight"} == {"q", "k", "v"}
         assert {s for n, s in got if n == p + "mlp.gate_up_proj.weight"} == {0, 1}
+
+
+def test_check_capture_refuses_a_transformers_that_records_hidden_states_elsewhere(target) -> None:
+    """load_pair and train.py check, on the model at hand, that hidden_states[id + 1] is what SGLang
+    captures; a release that recorded, say, each layer's output one index earlier is refused."""
+    from ddtree_ops.engine.dflash import check_capture
+
+    check_capture(target, (0, 1))
+
+    class Shifted(torch.nn.Module):
+        def __init__(self, inner: Any) -> None:
+            super().__init__()
+            self.inner, self.model = inner, inner.model
+
+        def forward(self, **kw: Any) -> Any:
+            out = self.inner(**kw)
+            out.hidden_states = tuple(out.hidden_states[1:]) + (out.hidden_states[-1],)
+            return out
+
+    with pytest.raises(RuntimeError, match="not the input of layer"):
+        check_capture(Shifted(target), (0, 1))
