@@ -5,9 +5,10 @@
 
 What the shadow's verdict is checked against. Greedy, on `DIR/prompts.json` (the first
 `--prompts`): one AR pass (the reference tokens and AR's tokens/s), then `--reps` turns of
-chain, tree, chain again (A B A'), every decode checked token for token against AR. The second
-chain arm is an A/A control: its ratio to the first is the timing noise of this run, and a
-chain/tree difference smaller than that noise says nothing. Last, one shadow pass (the engine's
+chain, tree, chain again (A B A'), interleaved per prompt and reversed every other turn, every
+decode checked token for token against AR. The second chain arm is an A/A control: its ratio to
+the first is the timing noise of this run, and a chain/tree difference smaller than that noise
+says nothing. Last, one shadow pass (the engine's
 own shadow accounting: the chain committed, the tree verified beside it on every round), so
 the plugin's report can be held to the engine's on the same prompts.
 
@@ -85,17 +86,25 @@ def run(pair: Path, budget: int, max_new: int, prompts: int | None, reps: int, d
                 divergences.append({"prompt": p, "mode": mode, "index": i, "gap": gap,
                                     "explained": gap is not None and gap <= tie_eps})
 
+    # Turns are interleaved per prompt (chain, tree, chain again on one prompt, then the next), and
+    # every other rep runs the order backwards, so slow drifts of the machine fall on all arms alike.
     turns: list[dict[str, Any]] = []
     first: dict[str, list[DecodeResult]] = {}
+    arms = (("chain", "chain"), ("tree", "tree"), ("chain_b", "chain"))
     for rep in range(reps):
-        for name, mode in (("chain", "chain"), ("tree", "tree"), ("chain_b", "chain")):
-            results = arm(mode)
-            check(name, results)
-            first.setdefault(name, results)
-            tokens = sum(len(r.tokens) for r in results)
-            seconds = sum(r.elapsed_s for r in results)
-            turns.append({"rep": rep, "arm": name, "tokens": tokens, "seconds": round(seconds, 4),
-                          "tok_s": round(tokens / seconds, 2)})
+        results: dict[str, list[DecodeResult]] = {name: [] for name, _ in arms}
+        order = arms if rep % 2 == 0 else tuple(reversed(arms))
+        sync()
+        for p in ids:
+            for name, mode in order:
+                results[name].append(dec.generate(p, max_new, mode))
+        for name, _ in arms:
+            check(name, results[name])
+            first.setdefault(name, results[name])
+            tokens = sum(len(r.tokens) for r in results[name])
+            seconds = sum(r.elapsed_s for r in results[name])
+            turns.append({"rep": rep, "arm": name, "order": [n for n, _ in order], "tokens": tokens,
+                          "seconds": round(seconds, 4), "tok_s": round(tokens / seconds, 2)})
             say(f"turn {rep + 1}/{reps} {name:7s} {tokens / seconds:8.1f} tok/s")
 
     def tok_s(name: str) -> float:

@@ -73,7 +73,7 @@ SCALES: dict[str, Scale] = {
         name="gpu", corpus_bytes=96_000_000, tokenizer_bytes=16_000_000, max_file_bytes=1 << 20, heldout_mod=50,
         vocab=4096,
         target=TargetScale(hidden=512, layers=8, heads=8, kv_heads=4, head_dim=64, intermediate=1536, seq_len=512,
-                           batch=64, steps=2500, lr=2e-3, warmup=150, eval_every=500),
+                           batch=64, steps=2500, lr=1.5e-3, warmup=150, eval_every=500),
         draft=DraftScale(layers=2, target_layer_ids=(1, 6), block_size=16, prompt_len=64, gen_len=192,
                          gen_seqs=24576, gen_batch=4096, batch=128, anchors=24, steps=900, lr=1.5e-3, warmup=60,
                          gamma=7.0, eval_seqs=256)),

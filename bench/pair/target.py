@@ -25,6 +25,7 @@ def target_config(scale: Scale, transformers_version: str) -> dict[str, Any]:
         "hidden_size": t.hidden, "initializer_range": 0.02, "intermediate_size": t.intermediate,
         "layer_types": ["full_attention"] * t.layers, "max_position_embeddings": scale.max_position,
         "max_window_layers": t.layers, "model_type": "qwen3", "num_attention_heads": t.heads,
+        # no pad id: transformers would make it the embedding's padding_idx, zeroing <|endoftext|>'s row
         "num_hidden_layers": t.layers, "num_key_value_heads": t.kv_heads, "pad_token_id": None,
         "rms_norm_eps": 1e-6, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
         "sliding_window": None, "tie_word_embeddings": False, "transformers_version": transformers_version,
@@ -145,14 +146,14 @@ def greedy_continue(model: Any, prompts: torch.Tensor, new_tokens: int, batch: i
     key = cache_kwarg(model)
     for i in range(0, prompts.shape[0], batch):
         x = prompts[i:i + batch].to(device)
-        with autocast(device):
-            out = model(input_ids=x, use_cache=True)
+        with autocast(device):                  # logits of the last position only: [B, 1, V], not [B, P, V]
+            out = model(input_ids=x, use_cache=True, logits_to_keep=1)
         cache = output_cache(out)
         nxt = out.logits[:, -1].argmax(-1)
         gen = [nxt]
         for _ in range(new_tokens - 1):
             with autocast(device):
-                out = model(input_ids=nxt[:, None], use_cache=True, **{key: cache})
+                out = model(input_ids=nxt[:, None], use_cache=True, logits_to_keep=1, **{key: cache})
             cache = output_cache(out)
             nxt = out.logits[:, -1].argmax(-1)
             gen.append(nxt)

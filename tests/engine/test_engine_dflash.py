@@ -319,3 +319,36 @@ def test_check_capture_refuses_a_transformers_that_records_hidden_states_elsewhe
 
     with pytest.raises(RuntimeError, match="not the input of layer"):
         check_capture(Shifted(target), (0, 1))
+
+
+def _cli(*args: str) -> Any:
+    import os
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", "ddtree_ops", "engine", "verify", *args], capture_output=True,
+                          text=True, timeout=300, cwd=REPO, env={**os.environ, "NO_COLOR": "1", "PYTHONPATH": str(REPO)})
+
+
+def test_engine_verify_pair_options_are_checked_before_anything_loads(tmp_path, draft) -> None:
+    save_draft(draft, tmp_path / "draft", dtype=torch.float32)
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    cases = [
+        (["--draft", str(tmp_path / "draft")], "--draft needs --target PATH"),
+        (["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "nowhere")], "not a directory holding config.json"),
+        (["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--device", "tpu"],
+         "--device must be cpu or cuda"),
+        (["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--horizon", "9"],
+         "drafts 5 positions a round"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--device", "cuda"],
+                      "torch sees no CUDA device"))
+    for args, needle in cases:
+        proc = _cli(*args)
+        assert proc.returncode == 64 and needle in proc.stderr and proc.stdout == "", (args, proc.stderr)
+    cfg = json.loads((tmp_path / "draft" / "config.json").read_text())
+    del cfg["dflash_config"]["target_layer_ids"]
+    (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
+    proc = _cli("--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"))
+    assert proc.returncode == 64 and "config.json: field 'dflash_config.target_layer_ids'" in proc.stderr, proc.stderr

@@ -136,7 +136,7 @@ def test_engine_run_writes_the_contract(pair, tmp_path) -> None:
     out, _ = pair
     dest = tmp_path / "run.json"
     proc = subprocess.run([sys.executable, str(PAIR / "engine_run.py"), "--pair", str(out), "--budget", "12",
-                           "--max-new", "24", "--prompts", "3", "--reps", "1", "--out", str(dest)],
+                           "--max-new", "24", "--prompts", "3", "--reps", "2", "--out", str(dest)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(dest.read_text())
@@ -148,7 +148,8 @@ def test_engine_run_writes_the_contract(pair, tmp_path) -> None:
     assert doc["tau_chain"] == pytest.approx(sum(map(sum, doc["accepted_chain"])) / doc["rounds_chain"], abs=1e-3)
     # every token after the prefill's came from a round (the last round may overshoot max_new)
     assert sum(map(sum, doc["accepted_chain"])) >= doc["tokens_per_arm"] - doc["prompts"]
-    assert [t["arm"] for t in doc["turns"]] == ["chain", "tree", "chain_b"]
+    assert [t["arm"] for t in doc["turns"]] == ["chain", "tree", "chain_b"] * 2
+    assert doc["turns"][0]["order"] == ["chain", "tree", "chain_b"] and doc["turns"][3]["order"][0] == "chain_b"
     assert doc["shadow"]["rounds"] == doc["rounds_chain"]                 # the shadow commits the chain
 
 
