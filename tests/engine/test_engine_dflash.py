@@ -152,7 +152,7 @@ def test_context_grows_across_rounds_as_if_built_at_once(target, draft) -> None:
         kept.draft(CONTEXT[:start + 1], feats[:start])
     fresh = DFlashDrafter(target, draft)
     torch.testing.assert_close(kept.draft(CONTEXT[:13], feats[:12]), fresh.draft(CONTEXT[:13], feats[:12]))
-    kept.reset()                            # a new, shorter sequence after reset: rebuilt, not appended
+    # a shorter context is another sequence, even without reset(): rebuilt, not appended to
     torch.testing.assert_close(kept.draft(CONTEXT[:5], feats[:4]), fresh.draft(CONTEXT[:5], feats[:4]),
                                rtol=1e-5, atol=1e-5)
 
@@ -352,3 +352,29 @@ def test_engine_verify_pair_options_are_checked_before_anything_loads(tmp_path, 
     (tmp_path / "draft" / "config.json").write_text(json.dumps(cfg))
     proc = _cli("--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"))
     assert proc.returncode == 64 and "config.json: field 'dflash_config.target_layer_ids'" in proc.stderr, proc.stderr
+
+
+def test_decoder_resets_the_drafter_between_sequences(target, draft) -> None:
+    """The drafter keeps a sequence's context K/V between rounds; the decoder must start each
+    sequence afresh, or a longer second prompt would be drafted against the first one's rows."""
+    from ddtree_ops.engine.decoder import Decoder
+
+    class Recording(DFlashDrafter):
+        def __init__(self, *a: Any) -> None:
+            super().__init__(*a)
+            self.seen: list[torch.Tensor] = []
+
+        def draft(self, context: list[int], hidden: torch.Tensor | None) -> torch.Tensor:
+            out = super().draft(context, hidden)
+            self.seen.append(out)
+            return out
+
+    used = Recording(target, draft)
+    Decoder(target, used, budget=8).generate(CONTEXT[:3], 4, "chain")
+    used.seen.clear()
+    Decoder(target, used, budget=8).generate(CONTEXT, 4, "chain")
+    fresh = Recording(target, draft)
+    Decoder(target, fresh, budget=8).generate(CONTEXT, 4, "chain")
+    assert len(used.seen) == len(fresh.seen) > 0
+    for a, b in zip(used.seen, fresh.seen):
+        torch.testing.assert_close(a, b)
