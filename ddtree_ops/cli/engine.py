@@ -103,7 +103,7 @@ def verify(
     os.environ.setdefault("TQDM_DISABLE", "1")    # before transformers imports tqdm: no loading bars
     _need_torch()
 
-    import torch
+    import torch  # only now: --device cuda is checked against the installed build
 
     from ddtree_ops import output
     from ddtree_ops.engine import models
