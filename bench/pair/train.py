@@ -241,7 +241,7 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
         "prompts": {"count": len(prompts), "length": scale.prompt_len},
         "wall_s": walls,
         "flops": {k: float(f"{v:.4g}") for k, v in flops(scale).items()},
-        "achieved_tflop_s": {k: round(v / walls[w] / 1e12, 2) for (k, v), w in
+        "achieved_tflop_s": {k: float(f"{v / walls[w] / 1e12:.3g}") for (k, v), w in
                              zip(flops(scale).items(), ("target_train", "continuations", "draft_train")) if walls[w] > 0},
         "sha256": {"tokenizer.json": sha256(tmp / "target" / "tokenizer.json"),
                    "target/model.safetensors": sha256(tmp / "target" / "model.safetensors"),

@@ -99,6 +99,38 @@ def test_pair_decodes_losslessly_and_the_draft_drafts(pair, loaded) -> None:
     assert tau_tree >= tau_chain
 
 
+def test_the_training_objective_predicts_every_round_of_the_engine(pair, loaded) -> None:
+    """The training path, fed the decoded sequence, says for each round of the engine's chain
+    decode how many tokens that round accepts: 1 + the leading run of depths where the draft's
+    argmax is the target's token. Equal on every round, so the draft the objective trains is the
+    draft that drafts, context features from the verify forwards included."""
+    from ddtree_ops.engine.decoder import Decoder
+
+    draft_train = pair_module("draft_train")
+    out, _ = pair
+    model, _, drafter = loaded
+    bs = drafter.spec.block_size
+    checked = 0
+    for p in json.loads((out / "prompts.json").read_text())["prompts"][:4]:
+        dec = Decoder(model, drafter, budget=16)
+        ar = dec.generate(p, 48, "ar").tokens
+        chain = dec.generate(p, 48, "chain")
+        seq = torch.tensor([p + ar])
+        roots, pos = [], len(p)
+        for n in chain.round_tokens:
+            if pos + bs <= seq.shape[1]:          # rounds whose whole block lies inside the sequence
+                roots.append(pos)
+            pos += n
+        feats = draft_train.features(model, seq, drafter.spec, "cpu")
+        logits, labels, _ = draft_train.block_logits(drafter.draft_model, model, seq, feats, torch.tensor([roots]),
+                                                     "cpu")
+        agree = (logits.argmax(-1) == labels)[0]
+        predicted = (1 + torch.cumprod(agree.long(), dim=1).sum(dim=1)).tolist()
+        assert predicted == chain.round_tokens[:len(roots)]
+        checked += len(roots)
+    assert checked >= 10
+
+
 def test_an_untrained_draft_does_not_draft(pair, loaded) -> None:
     """The control for the test above: the same pair with the draft's weights re-randomised
     accepts next to nothing, so the acceptance there comes from training."""
