@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The engine's own decoding of the trained pair: AR, chain and tree on the pair's prompts.
 
-    python3 bench/pair/engine_run.py --pair /tmp/pair --budget 32 --max-new 96 --out /tmp/engine_run.json --device cuda
+    python3 bench/pair/engine_run.py --pair /tmp/pair --budget 32 --prompts 32 --max-new 64 --device cuda --out run.json
 
 What the shadow's verdict is checked against. Greedy, on `DIR/prompts.json` (the first
 `--prompts`): one AR pass (the reference tokens and AR's tokens/s), then `--reps` turns of
@@ -44,8 +44,17 @@ def histogram(values: list[int]) -> dict[str, int]:
     return {str(k): v for k, v in sorted(Counter(values).items())}
 
 
+def write(doc: dict[str, Any], dest: Path) -> None:
+    """Atomically: a reader (or a timeout) never sees half a file."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    tmp.replace(dest)
+
+
 def run(pair: Path, budget: int, max_new: int, prompts: int | None, reps: int, device: str, dtype_name: str,
-        tie_eps: float, shadow: bool, builder: str) -> dict[str, Any]:
+        tie_eps: float, shadow: bool, builder: str, dest: Path) -> dict[str, Any]:
+    """Writes `dest` after the turns (complete: false) and again at the end, so a run cut short
+    by a device call's limit still leaves the chain/tree figures behind."""
     import torch
 
     from ddtree_ops.engine.decoder import Decoder, DecodeResult
@@ -144,8 +153,13 @@ def run(pair: Path, budget: int, max_new: int, prompts: int | None, reps: int, d
                   "accept length", "rounds_* and accepted_* are the first turn of each arm; every turn is "
                   "checked against AR", "eos ignored: every prompt decodes max_new tokens"],
     }
+    doc["complete"] = not shadow
+    doc["wall_s"] = round(time.perf_counter() - t0, 2)
+    write(doc, dest)
     if shadow:
         from ddtree_ops.engine.shadow import ShadowLedger
+
+        say(f"shadow pass ({doc['wall_s']:.0f} s so far)")
 
         ledger = ShadowLedger(drafter.horizon)
         res = arm("shadow")
@@ -156,7 +170,9 @@ def run(pair: Path, budget: int, max_new: int, prompts: int | None, reps: int, d
         doc["shadow"] = ledger.report().to_dict()
         doc["lossless"] = all(d["explained"] for d in divergences)
         doc["identical"] = not divergences
+        doc["complete"] = True
     doc["wall_s"] = round(time.perf_counter() - t0, 2)
+    write(doc, dest)
     return doc
 
 
@@ -164,9 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pair", type=Path, default=Path("/tmp/pair"), help="the directory train.py wrote")
     ap.add_argument("--budget", type=int, default=32, help="tree node budget B (non-root nodes)")
-    ap.add_argument("--max-new", type=int, default=96, help="tokens generated per prompt")
-    ap.add_argument("--prompts", type=int, default=None, help="first N prompts of prompts.json (default all)")
-    ap.add_argument("--reps", type=int, default=2, help="turns of chain, tree, chain")
+    ap.add_argument("--max-new", type=int, default=64, help="tokens generated per prompt")
+    ap.add_argument("--prompts", type=int, default=32, help="the first N prompts of prompts.json (0: all)")
+    ap.add_argument("--reps", type=int, default=1,
+                    help="turns of chain, tree, chain (each already interleaved per prompt)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                     help="float32 (default) keeps the lossless check exact up to near-ties")
@@ -178,10 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.budget < 1 or args.max_new < 1 or args.reps < 1:
         ap.error("--budget, --max-new and --reps must be >= 1")
     doc = run(args.pair, args.budget, args.max_new, args.prompts, args.reps, args.device, args.dtype,
-              args.tie_eps, not args.no_shadow, args.builder)
-    tmp = args.out.with_name(args.out.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    tmp.replace(args.out)
+              args.tie_eps, not args.no_shadow, args.builder, args.out)
     say(f"tau chain {doc['tau_chain']:.3f}, tree {doc['tau_tree']:.3f}; tok/s ar {doc['tok_s_ar']}, chain "
         f"{doc['tok_s_chain']}, tree {doc['tok_s_tree']} (A/A {doc['aa_ratio']}); lossless {doc['lossless']}; "
         f"{doc['wall_s']:.0f} s -> {args.out}")

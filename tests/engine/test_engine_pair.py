@@ -175,7 +175,7 @@ def test_engine_run_writes_the_contract(pair, tmp_path) -> None:
     for key in ("tau_chain", "tau_tree", "budget", "lossless", "tok_s_chain", "tok_s_tree", "tok_s_ar",
                 "rounds_chain", "rounds_tree"):
         assert key in doc, key
-    assert doc["lossless"] is True and doc["budget"] == 12
+    assert doc["lossless"] is True and doc["budget"] == 12 and doc["complete"] is True
     assert doc["rounds_chain"] == sum(len(r) for r in doc["accepted_chain"])
     assert doc["tau_chain"] == pytest.approx(sum(map(sum, doc["accepted_chain"])) / doc["rounds_chain"], abs=1e-3)
     # every token after the prefill's came from a round (the last round may overshoot max_new)
