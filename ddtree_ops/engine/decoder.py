@@ -145,6 +145,9 @@ class Decoder:
 
     def _speculative(self, prompt: list[int], limit: int, mode: str) -> DecodeResult:
         assert self.drafter is not None
+        reset = getattr(self.drafter, "reset", None)
+        if reset is not None:            # a drafter with per-sequence state (DFlash's context K/V)
+            reset()
         root, cache, hidden, _ = self._prefill(prompt)
         feats = [hidden] if hidden is not None else []
         res = DecodeResult(mode=mode, tokens=[root])

@@ -1,12 +1,14 @@
 """Drafters: per-position draft logits for the next L positions after the root.
 
 A drafter sees the committed context (the root, i.e. the bonus token not yet in the target's
-KV, is its last element) and, if it asks for them, the target's last-layer hidden states of
-the committed tokens already in KV. It returns [L, V] logits, one row per depth. Like a DFlash
-block drafter, the rows are marginals: the same depth-d row is used under every parent.
+KV, is its last element) and, if it asks for them, the target's hidden states at the layers it
+names, for the committed tokens already in KV. It returns [L, V] logits, one row per depth. Like a
+DFlash block drafter, the rows are marginals: the same depth-d row is used under every parent.
 
-`NGramDrafter` is the real one. It needs no training and costs no forward, which matters for
-what it is used for: on CPU the decoder's tokens/s then reflect the verify economics rather than
+The trained drafter is `dflash.DFlashDrafter`: a DFlash draft made for its target
+(`bench/pair/train.py`), run with SGLang's forward. Of the ones here, `NGramDrafter` is the real
+one, for models no draft was trained for. It needs no training and costs no forward, which
+matters for what it is used for: on CPU the decoder's tokens/s then reflect the verify economics rather than
 a drafter's own cost. A self-speculative early-exit drafter (the target's first layers plus its
 head) would cost L partial forwards per round and, untrained (no LayerSkip-style fine-tuning),
 agrees poorly with the full model; prompt-lookup drafting has real acceptance on the repetitive
@@ -28,6 +30,10 @@ _UNVOTED = -30.0
 
 
 class Drafter(Protocol):
+    """A drafter may also define `hidden_layers` (the target `hidden_states` indices it reads,
+    which the decoder then captures) and `reset()` (called before each sequence, for drafters
+    that keep per-sequence state). The trained DFlash drafter is `dflash.DFlashDrafter`."""
+
     horizon: int                # L: draft positions per round (block size - 1)
     vocab_size: int
     needs_hidden: bool

@@ -197,13 +197,17 @@ def forward(model: Any, ids: torch.Tensor, positions: torch.Tensor, cache: Any,
     device = next(model.parameters()).device
     out = model(input_ids=ids.view(1, -1).to(device), position_ids=positions.view(1, -1).to(device),
                 attention_mask=mask, use_cache=True, output_hidden_states=bool(hidden_layers),
-                **{_cache_kwarg(model): cache})
+                **{cache_kwarg(model): cache})
     hidden = torch.cat([out.hidden_states[i][0] for i in hidden_layers], dim=-1) if hidden_layers else None
-    new_cache = out["cache"] if "cache" in out.keys() else out.past_key_values
-    return out.logits[0].float(), new_cache, hidden
+    return out.logits[0].float(), output_cache(out), hidden
 
 
-def _cache_kwarg(model: Any) -> str:
+def output_cache(out: Any) -> Any:
+    """The KV cache a forward returned, under either name (see `cache_kwarg`)."""
+    return out["cache"] if "cache" in out.keys() else out.past_key_values
+
+
+def cache_kwarg(model: Any) -> str:
     """transformers 5.2x renamed `past_key_values` to `cache`; the GPU host runs an older 5.x."""
     name = getattr(type(model), "_ddtree_cache_kwarg", None)
     if name is None:

@@ -61,6 +61,8 @@ class VerifySummary:
     tie_eps: float
     seconds: float
     notes: list[str] = field(default_factory=list)
+    draft: str | None = None              # the DFlash draft's directory; None = n-gram drafting
+    device: str = "cpu"
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -86,9 +88,33 @@ def encode_prompt(tok: Any, text: str) -> list[int]:
     return [int(i) for i in tok(text)["input_ids"]]
 
 
+def pair_prompts(target_dir: str) -> list[list[int]] | None:
+    """The measurement prompts a trained pair was made with (`<pair>/prompts.json`, beside the
+    target's directory), or None when there is no such file."""
+    import json
+    from pathlib import Path
+
+    from ddtree_ops.errors import UsageError
+
+    path = Path(target_dir).expanduser().resolve().parent / "prompts.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    ids = doc.get("prompts") if isinstance(doc, dict) else None
+    if not isinstance(ids, list) or not ids or not all(
+            isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in ids):
+        raise UsageError(f"{path}: field 'prompts' must be a non-empty list of token-id lists")
+    return ids
+
+
 def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: int = 64, budget: int = 32,
-               horizon: int = 15, tie_eps: float = 1e-3, shadow_share: float = 1.0,
-               progress: Any = None) -> VerifySummary:
+               horizon: int | None = None, tie_eps: float = 1e-3, shadow_share: float = 1.0,
+               progress: Any = None, draft: str | None = None, device: str = "cpu") -> VerifySummary:
+    """`draft` None: n-gram drafting on `model_name`; else a trained DFlash draft for the target
+    `model_name` (the pair's prompts.json when it has one). float32 on `device`."""
     import torch
 
     from ddtree_ops.engine.decoder import MODES, Decoder
@@ -98,10 +124,24 @@ def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: in
 
     t_start = time.perf_counter()
     torch.manual_seed(0)
-    model, tok = load_model(model_name, dtype=torch.float32)
-    vocab = int(model.config.vocab_size)
-    drafter = NGramDrafter(vocab, horizon=horizon)
-    texts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
+    drafter: Any
+    if draft is None:
+        model, tok = load_model(model_name, dtype=torch.float32, device=device)
+        horizon = 15 if horizon is None else horizon
+        drafter = NGramDrafter(int(model.config.vocab_size), horizon=horizon)
+        drafter_note = "drafter: n-gram prompt lookup (no training)"
+    else:
+        from ddtree_ops.engine.dflash import load_pair
+
+        model, tok, drafter = load_pair(model_name, draft, device=device, dtype=torch.float32)
+        horizon = drafter.horizon
+        drafter_note = f"drafter: the DFlash draft {draft} (block {horizon + 1}, target layers " \
+                       f"{list(drafter.spec.target_layer_ids)})"
+    pair_ids = pair_prompts(model_name) if draft is not None else None
+    if pair_ids is not None:
+        texts: list[Any] = [pair_ids[i % len(pair_ids)] for i in range(prompts)]
+    else:
+        texts = [PROMPTS[i % len(PROMPTS)] for i in range(prompts)]
     eos = tok.eos_token_id
     totals = {m: {"tokens": 0, "seconds": 0.0, "rounds": 0, "round_tokens": 0, "forwards": 0} for m in MODES}
     divergences: list[Divergence] = []
@@ -109,9 +149,9 @@ def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: in
     chain_rounds, tree_rounds = [], []
     generated = 0
     # one throwaway decode: the first forward pays for thread pools and kernel selection
-    Decoder(model).generate(encode_prompt(tok, texts[0]), 2, "ar")
+    Decoder(model).generate(_ids(tok, texts[0]), 2, "ar")
     for p, text in enumerate(texts):
-        ids = encode_prompt(tok, text)
+        ids = _ids(tok, text)
         dec = Decoder(model, drafter, budget=budget, eos_token_id=eos, shadow_share=shadow_share, shadow_seed=p)
         results = {m: dec.generate(ids, max_new_tokens, m) for m in MODES}
         ar = results["ar"]
@@ -154,6 +194,11 @@ def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: in
         identical=not divergences, explained=all(d.explained for d in divergences), divergences=divergences,
         tau_chain=modes["chain"]["tau"], tau_tree=modes["tree"]["tau"], modes=modes,
         shadow=ledger.report().to_dict(), paired_rounds=paired, tie_eps=tie_eps,
-        seconds=round(time.perf_counter() - t_start, 2),
-        notes=["float32 on CPU; drafter: n-gram prompt lookup (no training)",
+        seconds=round(time.perf_counter() - t_start, 2), draft=draft, device=device,
+        notes=[f"float32 on {device}; {drafter_note}",
+               "prompts: " + ("the pair's prompts.json" if pair_ids is not None else "built-in"),
                "tau = tokens per verify round, bonus included"])
+
+
+def _ids(tok: Any, prompt: Any) -> list[int]:
+    return [int(i) for i in prompt] if isinstance(prompt, list) else encode_prompt(tok, prompt)
