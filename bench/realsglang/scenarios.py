@@ -234,6 +234,7 @@ def truth_scenarios(pair: str, block: int, budget: int, cost_env: dict[str, str]
         Scenario("dflash", "DFLASH on the trained pair, greedy", "dflash", "healthy", sets=sets("dflash")),
         ddtree("ddtree_s025", 0.25, "DDTREE shadow on the trained pair, share 0.25, greedy"),
         ddtree("ddtree_s100", 1.0, "DDTREE shadow on the trained pair, share 1.0, greedy"),
+        ddtree("ddtree_s100_long", 1.0, "DDTREE shadow on the trained pair, share 1.0, greedy, long requests"),
         Scenario("dflash_temp", "DFLASH on the trained pair, temperature", "dflash", "healthy", sets=sets("dflash")),
         ddtree("ddtree_s100_temp", 1.0, "DDTREE shadow on the trained pair, share 1.0, temperature"),
     ]

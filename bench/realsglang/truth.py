@@ -2,7 +2,7 @@
 
 On the device machine, after `bench/pair/train.py --out /tmp/rs/pair` in the same call:
 
-    python3 bench/realsglang/truth.py --pair /tmp/rs/pair --out "$OUT" --budget 32 --max-new 256
+    python3 bench/realsglang/truth.py --pair /tmp/rs/pair --out "$OUT" --budget 32
 
 1. The engine decodes the pair's own prompts (`DIR/prompts.json`) with the trained draft, chain
    and tree at budget B (`bench/pair/engine_run.py`, the pair helper's script): tau_chain,
@@ -10,19 +10,24 @@ On the device machine, after `bench/pair/train.py --out /tmp/rs/pair` in the sam
    (tau_tree / tok_s_tree) / (tau_chain / tok_s_chain), becomes the DDTREE servers'
    DDTREE_VERIFY_COST_RATIO (`--cost-ratio engine`, the default; `default` leaves the plugin's
    measured default, a number sets it).
-2. Five servers of the pair start together (`scenarios.truth_scenarios`: trained weights, no
+2. Six servers of the pair start together (`scenarios.truth_scenarios`: trained weights, no
    acceptance knob): DFLASH and DDTREE shadow at shares 0.25 and 1.0 for greedy requests, DFLASH
-   and DDTREE at 1.0 for requests with temperature. Each gets every prompt, `--concurrency` at a
-   time, `--max-new` tokens.
+   and DDTREE at 1.0 for requests with temperature, and a second greedy DDTREE at 1.0 for longer
+   requests. Each gets the engine's prompts (the first `--prompts`), `--concurrency` at a time,
+   `--max-new` tokens with `ignore_eos` as the engine decodes them; `ddtree_s100_long` gets the
+   same prompts with `--long-max-new` tokens, so that its verdict rests on over a thousand rounds
+   (their first `--max-new` tokens are the same greedy tokens as `ddtree_s100`'s).
 3. From each: SGLang's own accept length (`/server_info` avg_spec_accept_length, `/metrics`),
    and the shadow's last report line (rounds, tau_chain, tau_tree, cost ratio, sibling hits,
    recommendation); from the responses, completion tokens over verify rounds.
 4. `$OUT/shadow_truth.json`: {"sglang", "gpu", "target", "draft", "sglang_accept_len",
    "shadow": {rounds, tau_chain, tau_tree, recommendation, cost_ratio, ...}, "engine": {tau_chain,
    tau_tree, budget, tok_s_chain, tok_s_tree, ...}, ...} with issue 23's checks as PASS/FAIL lines
-   (also printed; exit 1 if one fails). The shadow figures are the share-1.0 greedy server's (every
-   verify round accounted, the same rounds SGLang's counter sees); share 0.25 and temperature are
-   recorded beside them. Logs and summary.json in `$OUT/truth.tar.gz`.
+   (also printed; exit 1 if one fails). "shadow" is `ddtree_s100_long`'s last report (every verify
+   round of its long requests accounted: the rounds, the verdict, and tau_chain against its own
+   SGLang accept length); "shadow_same_prompts" is `ddtree_s100`'s, on exactly the engine's
+   prompts and tokens, for tau_tree against the engine's tree decode. Share 0.25 and temperature
+   are recorded beside them. Logs and summary.json in `$OUT/truth.tar.gz`.
 """
 
 from __future__ import annotations
@@ -43,7 +48,8 @@ from scenarios import truth_scenarios  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 BUNDLE = "truth.tar.gz"
 EXTRA = ("--max-total-tokens", "16384", "--sleep-on-idle")
-GREEDY = ("dflash", "ddtree_s025", "ddtree_s100")
+GREEDY = ("dflash", "ddtree_s025", "ddtree_s100", "ddtree_s100_long")
+LONG = ("ddtree_s100_long",)
 HOT = ("dflash_temp", "ddtree_s100_temp")
 
 
@@ -83,7 +89,8 @@ def engine_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """The pair helper's engine decode of the same prompts at the same budget."""
     out = work / "engine.json"
     argv = [sys.executable, str(args.engine_run), "--pair", str(args.pair), "--budget", str(args.budget),
-            "--max-new", str(args.max_new), "--out", str(out), "--device", "cpu" if args.standin else "cuda"]
+            "--max-new", str(args.max_new), "--prompts", str(args.prompts), "--no-shadow", "--out", str(out),
+            "--device", "cpu" if args.standin else "cuda"]
     arms.say(f"ENGINE {' '.join(argv[1:])}")
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=args.engine_timeout_s, cwd=REPO)
@@ -109,7 +116,8 @@ def engine_cost_ratio(engine: dict[str, Any]) -> float | None:
 
 
 def load(host: Any, s: Any, prompts: list[list[int]], max_new: int, temperature: float, concurrency: int) -> dict[str, Any]:
-    params = {"temperature": temperature, "max_new_tokens": max_new}
+    # ignore_eos: the engine decodes exactly max_new tokens per prompt, so must SGLang
+    params = {"temperature": temperature, "max_new_tokens": max_new, "ignore_eos": True}
     metas: list[dict[str, Any]] = []
     wall = 0.0
     for i in range(0, len(prompts), concurrency):
@@ -137,16 +145,18 @@ def checks(doc: dict[str, Any]) -> list[dict[str, Any]]:
     def add(name: str, ok: bool, detail: str) -> None:
         out.append({"name": name, "ok": bool(ok), "detail": detail})
 
+    same = doc.get("shadow_same_prompts") or {}
     rounds = sh.get("rounds") or 0
-    add("at least 1,000 accounted rounds", rounds >= 1000, f"{rounds} rounds")
+    add("at least 1,000 accounted rounds", rounds >= 1000, f"{rounds} rounds ({sh.get('server')})")
     rec = sh.get("recommendation")
     add("a verdict that is not inconclusive", rec in ("promote-tree", "keep-chain"), f"recommendation={rec}")
     add("engine tau_chain at least 1.5 (the draft really drafts)", (en.get("tau_chain") or 0) >= 1.5,
         f"tau_chain={en.get('tau_chain')}")
     ok, detail = within(sh.get("tau_chain"), doc.get("sglang_accept_len"), 0.02)
-    add("shadow tau_chain within 2% of SGLang's accept length", ok, detail)
-    ok, detail = within(sh.get("tau_tree"), en.get("tau_tree"), 0.05)
-    add(f"shadow tau_tree within 5% of the engine's at budget {en.get('budget')}", ok, detail)
+    add("shadow tau_chain within 2% of SGLang's accept length", ok, f"{detail} ({sh.get('server')})")
+    ok, detail = within(same.get("tau_tree"), en.get("tau_tree"), 0.05)
+    add(f"shadow tau_tree within 5% of the engine's at budget {en.get('budget')}, same prompts and tokens", ok,
+        f"{detail} ({same.get('server')})")
     faster = None
     if en.get("tok_s_tree") is not None and en.get("tok_s_chain") is not None:
         faster = "promote-tree" if float(en["tok_s_tree"]) > float(en["tok_s_chain"]) else "keep-chain"
@@ -160,22 +170,25 @@ def main(argv: list[str] | None = None) -> int:
     arms.common_args(ap)
     ap.add_argument("--pair", required=True, type=Path, help="bench/pair/train.py --out DIR")
     ap.add_argument("--budget", type=int, default=32, help="tree budget B (engine and DDTREE_BUDGET)")
-    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--max-new", type=int, default=64, help="tokens per prompt, engine and SGLang alike")
+    ap.add_argument("--prompts", type=int, default=64, help="the first N prompts of prompts.json, engine and SGLang")
+    ap.add_argument("--long-max-new", type=int, default=256, help="tokens per prompt for ddtree_s100_long")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--cost-ratio", default="engine", help="engine | default | a number")
     ap.add_argument("--engine-run", type=Path, default=REPO / "bench" / "pair" / "engine_run.py")
-    ap.add_argument("--engine-timeout-s", type=float, default=150.0)
+    ap.add_argument("--engine-timeout-s", type=float, default=200.0)
     ap.add_argument("--ready-s", type=float, default=200.0)
     args = ap.parse_args(argv)
     target, draft, prompts = read_pair(args.pair)
+    prompts = prompts[:args.prompts] if args.prompts > 0 else prompts
     block = block_of(draft)
     if args.budget < block - 1:
         raise SystemExit(f"--budget {args.budget} is below the draft horizon {block - 1}")
     context = min(2048, int(target.get("max_position_embeddings") or 2048))
-    longest = max(len(p) for p in prompts) + args.max_new + block
+    longest = max(len(p) for p in prompts) + max(args.max_new, args.long_max_new) + block
     if longest > context:
-        raise SystemExit(f"{args.pair / 'prompts.json'}: the longest prompt plus --max-new {args.max_new} "
+        raise SystemExit(f"{args.pair / 'prompts.json'}: the longest prompt plus --long-max-new {args.long_max_new} "
                          f"({longest} tokens) exceeds the target's context {context}")
     host, info, logs = arms.init(args, "truth")
     engine = engine_run(args, logs)
@@ -199,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
         live = {s.sc.name: s for s in arms.ready(servers)}
         jobs = [(n, 0.0) for n in GREEDY if n in live] + [(n, args.temperature) for n in HOT if n in live]
         with cf.ThreadPoolExecutor(max(1, len(jobs))) as pool:
-            futs = {n: pool.submit(load, host, live[n], prompts, args.max_new, t, args.concurrency) for n, t in jobs}
+            futs = {n: pool.submit(load, host, live[n], prompts, args.long_max_new if n in LONG else args.max_new, t,
+                                   args.concurrency) for n, t in jobs}
             for n, fut in futs.items():
                 try:
                     live[n].result["load"] = fut.result()
@@ -226,25 +240,31 @@ def _spec(s: Any) -> dict[str, Any]:
 
 def assemble(args: argparse.Namespace, info: dict[str, Any], target: dict[str, Any], draft: dict[str, Any],
              engine: dict[str, Any], ratio: float | None, source: str, by_name: dict[str, Any]) -> dict[str, Any]:
-    main_s = by_name.get("ddtree_s100")
-    spec = _spec(main_s)
-    rep = spec.get("shadow") or {}
+    spec = _spec(by_name.get("ddtree_s100_long"))
+
+    def shadow(server: str) -> dict[str, Any]:
+        rep = _spec(by_name.get(server)).get("shadow") or {}
+        return {"rounds": rep.get("rounds"), "tau_chain": rep.get("tau_chain"), "tau_tree": rep.get("tau_tree"),
+                "recommendation": rep.get("recommendation"), "cost_ratio": rep.get("cost_ratio"),
+                "tau_tree_lower": rep.get("tau_tree_lower"), "sibling_hits": rep.get("sibling_hits"),
+                "exact_rounds": rep.get("sampled"), "dropped": rep.get("dropped"), "cost_from": rep.get("cost_from"),
+                "server": server, "sglang_accept_len": _spec(by_name.get(server)).get("server_info_accept_len"),
+                "line": rep.get("line")}
+
     doc: dict[str, Any] = {
         "sglang": arms.sglang_version(info, args.standin), "gpu": arms.gpu_name(info),
         "target": {"path": str(args.pair / "target"), **model_facts(target)},
         "draft": {"path": str(args.pair / "draft"), **model_facts(draft)},
         "sglang_accept_len": spec.get("server_info_accept_len"),
-        "shadow": {"rounds": rep.get("rounds"), "tau_chain": rep.get("tau_chain"), "tau_tree": rep.get("tau_tree"),
-                   "recommendation": rep.get("recommendation"), "cost_ratio": rep.get("cost_ratio"),
-                   "tau_tree_lower": rep.get("tau_tree_lower"), "sibling_hits": rep.get("sibling_hits"),
-                   "exact_rounds": rep.get("sampled"), "dropped": rep.get("dropped"), "cost_from": rep.get("cost_from"),
-                   "server": "ddtree_s100 (share 1.0, greedy)", "line": rep.get("line")},
+        "shadow": shadow("ddtree_s100_long"),
+        "shadow_same_prompts": shadow("ddtree_s100"),
         "engine": {"tau_chain": engine.get("tau_chain"), "tau_tree": engine.get("tau_tree"),
                    "budget": engine.get("budget", args.budget), "tok_s_chain": engine.get("tok_s_chain"),
                    "tok_s_tree": engine.get("tok_s_tree"),
                    **{k: v for k, v in engine.items() if k not in ("tau_chain", "tau_tree", "budget", "tok_s_chain",
                                                                    "tok_s_tree")}},
         "cost_ratio_given": ratio, "cost_ratio_source": source, "budget": args.budget, "max_new": args.max_new,
+        "long_max_new": args.long_max_new, "prompts": args.prompts,
         "servers": {n: {"sglang_accept_len": _spec(s).get("server_info_accept_len"),
                         "metrics_spec": _spec(s).get("metrics_spec"), "shadow": _spec(s).get("shadow"),
                         "load": s.result.get("load"), "gate": s.result.get("gate")} for n, s in by_name.items()},

@@ -13,9 +13,11 @@ ap.add_argument("--budget", type=int, required=True)
 ap.add_argument("--max-new", type=int, required=True)
 ap.add_argument("--out", required=True, type=Path)
 ap.add_argument("--device", default="cpu")
+ap.add_argument("--prompts", type=int, default=32)
+ap.add_argument("--no-shadow", action="store_true")
 a = ap.parse_args()
-prompts = json.loads((a.pair / "prompts.json").read_text())["prompts"]
+prompts = json.loads((a.pair / "prompts.json").read_text())["prompts"][:a.prompts]
 a.out.write_text(json.dumps({"tau_chain": 2.4, "tau_tree": 2.9, "budget": a.budget, "lossless": True,
                              "tok_s_chain": 100.0, "tok_s_tree": 110.0, "tok_s_ar": 50.0,
                              "rounds_chain": 10 * len(prompts), "rounds_tree": 8 * len(prompts),
-                             "standin": "fake_engine_run.py"}))
+                             "prompts_asked": a.prompts, "no_shadow": a.no_shadow, "standin": "fake_engine_run.py"}))

@@ -90,8 +90,8 @@ def test_truth_group_serves_the_pair_and_holds_the_shadow_to_its_checks(tmp_path
     pair = tiny_pair(tmp_path / "pair")
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, str(BENCH / "truth.py"), "--standin", "--root", str(tmp_path / "rs"),
-                           "--out", str(out), "--port", str(free_ports(5)), "--pair", str(pair), "--budget", "16",
-                           "--max-new", "48", "--engine-run", str(REPO / "tests" / "realsglang" / "fake_engine_run.py")],
+                           "--out", str(out), "--port", str(free_ports(6)), "--pair", str(pair), "--budget", "16",
+                           "--max-new", "48", "--long-max-new", "96", "--prompts", "10", "--engine-run", str(REPO / "tests" / "realsglang" / "fake_engine_run.py")],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "shadow_truth.json").read_text())
@@ -105,6 +105,11 @@ def test_truth_group_serves_the_pair_and_holds_the_shadow_to_its_checks(tmp_path
     assert doc["shadow"]["cost_ratio"] == pytest.approx(doc["cost_ratio_given"], abs=0.006)
     assert doc["shadow"]["cost_from"] == "DDTREE_VERIFY_COST_RATIO"
     assert doc["shadow"]["tau_tree"] is not None and doc["shadow"]["rounds"] > 0
+    # the verdict's server ran the same prompts for twice the tokens; tau_tree is compared on the
+    # server that decoded exactly the engine's prompts and tokens
+    assert doc["shadow"]["server"] == "ddtree_s100_long" and doc["shadow_same_prompts"]["server"] == "ddtree_s100"
+    assert doc["shadow"]["rounds"] > doc["shadow_same_prompts"]["rounds"] > 0
+    assert doc["engine"]["prompts_asked"] == 10 and doc["engine"]["no_shadow"] is True
     assert doc["sglang_accept_len"] is not None
     names = [c["name"] for c in doc["checks"]]
     assert len(names) == 6 and all(f"{'PASS' if c['ok'] else 'FAIL'} {c['name']}" in proc.stdout for c in doc["checks"])
@@ -112,12 +117,14 @@ def test_truth_group_serves_the_pair_and_holds_the_shadow_to_its_checks(tmp_path
     logs = unpack(out / "truth.tar.gz", tmp_path / "x")
     summary = json.loads((logs / "summary.json").read_text())
     runs = summary["groups"]["truth"]
-    assert set(runs) == {"dflash", "ddtree_s025", "ddtree_s100", "dflash_temp", "ddtree_s100_temp"}
+    assert set(runs) == {"dflash", "ddtree_s025", "ddtree_s100", "ddtree_s100_long", "dflash_temp", "ddtree_s100_temp"}
     for name, r in runs.items():
         assert "SGLANG_SIMULATE_ACC_LEN" not in r["env"], name          # no acceptance knob: real acceptance
         assert str(pair / "target") in r["argv"]
     assert runs["ddtree_s025"]["env"]["DDTREE_SHADOW_SHARE"] == "0.25"
-    assert runs["dflash_temp"]["load"]["requests"] == 12
+    assert runs["dflash_temp"]["load"]["requests"] == 10                # the engine's first 10 prompts
+    assert runs["ddtree_s100_long"]["load"]["completion_tokens"] == 10 * 96
+    assert runs["ddtree_s100"]["load"]["completion_tokens"] == 10 * 48    # ignore_eos: exactly max_new each
 
 
 def test_truth_refuses_a_pair_without_prompts_before_starting_anything(tmp_path: Path) -> None:
