@@ -61,7 +61,7 @@ RUNS = {
 # of this tree (the top-K in the draft graph, exact greedy accounting); the stand-in's shadow
 # lines must follow them.
 RUN6 = {f"6_tax_{arm}": ("6_summary.json", f"tax/{arm}", None)
-        for arm in ("dflash", "dflash_twin", "ddtree_s000", "ddtree_s025")}
+        for arm in ("dflash", "dflash_twin", "ddtree_s000", "ddtree_s025", "ddtree_s100")}
 RUNS.update({log: run for log, run in RUN6.items() if (REAL / f"{log}.log").exists()})
 # Run 7 (issue 23, bench/realsglang/truth.py): a trained pair whose weights the repository does not
 # hold; tests/engine/test_real_shadow_0517.py reads its logs instead
@@ -82,7 +82,7 @@ NOT_REPLAYED = {
     "4_crash_after_ready": "the runner SIGKILLed the real scheduler mid-window (the lab's crash fault covers it)",
     "4_mem_1p7b_30": "a Qwen3-1.7B shape: preflight's memory table holds it (BENCHMARKS.md), not the stand-in",
     "5_ddtree_s100": "the same run as 5_ddtree_s025 at share 1.0",
-    "6_tax_ddtree_s100": "the plugin's sign test stalled this scheduler as its rounds grew (fixed since): it exited "
+    "6_tax_ddtree_s100_stalled": "the plugin's sign test stalled this scheduler as its rounds grew (fixed since): it exited "
                          "gracefully on SIGTERM, mid-backlog, where the others crashed out; the stand-in runs the fix",
     "6_refuse_gpus1": "settings preflight refuses (gpus [1] on one card): diagnose holds the log, the lab never starts it",
     "6_refuse_tp2": "settings preflight refuses (tp_size 2 on one card): diagnose holds the log, the lab never starts it",
