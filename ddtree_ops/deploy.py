@@ -478,6 +478,23 @@ def install_plugin(host: Host, p: Profile, plugin: Any) -> None:
         host.run(remote.remove(path), timeout=20)
 
 
+def needs_rollback(host: Host, p: Profile) -> tuple[bool, str]:
+    """Whether the host's last change did not pass, and why: a pending change, not running what is
+    recorded as known-good, or unhealthy."""
+    layout = Layout.for_service(p.service.state_dir, p.service.unit)
+    pending = releases.read_pending(host, layout)
+    if pending:
+        return True, f"an unfinished {pending.get('action')} of {pending.get('release_id')} is pending"
+    kg = releases.read_text(host, layout.known_good)
+    cur = releases.read_text(host, layout.current)
+    if kg and cur and kg != cur:
+        return True, f"running {cur}, not the known-good {kg}"
+    ok, detail = healthy_now(host, p)
+    if not ok:
+        return True, f"not healthy ({detail})"
+    return False, f"healthy on known-good {kg or cur or 'release'}; nothing to do"
+
+
 def rollback(host: Host, p: Profile, *, to: str | None = None, lock_wait_s: float = 0) -> Outcome:
     t0 = time.monotonic()
     layout = Layout.for_service(p.service.state_dir, p.service.unit)

@@ -406,7 +406,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     out.waves = plan_waves(plannable, opts.rollout, classes) if plannable else []
     wave_of = {h: i for i, w in enumerate(out.waves) for h in w}
     for c in refused:
-        out.hosts.append(HostResult(c.host, None, REFUSED, c.reason, _short(c.reason), c.current,
+        out.hosts.append(HostResult(c.host, None, REFUSED, c.reason, shorten(c.reason), c.current,
                                     by_name[c.host].release_id, c.known_good, c.seconds))
     if refused and not opts.rollout.skip_refused:
         out.stopped = (f"{len(refused)} host(s) would be refused; nothing was changed "
@@ -554,13 +554,13 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
         except OpsError as exc:  # the lock is held, the host is out of reach, an earlier change is stuck
             res.result = DEGRADED if exc.exit_code == DeployExit.DEGRADED else REFUSED
             res.reason = str(exc)
-            res.cause = _short(str(exc).removeprefix(f"{t.name}: "))
+            res.cause = shorten(str(exc).removeprefix(f"{t.name}: "))
             res.release = None if res.result == DEGRADED else c.current
         except Exception as exc:  # noqa: BLE001 - a bug must not hide the other hosts' outcomes
             res.result, res.release = DEGRADED, None
             res.reason = f"internal error: {type(exc).__name__}: {exc} (the pending record on the host, if any, " \
                          f"lets `ddtree-ops rollback {t.name}` repair it)"
-            res.cause = _short(res.reason)
+            res.cause = shorten(res.reason)
     res.log = log
     res.seconds = time.monotonic() - t0
     return res
@@ -570,13 +570,13 @@ def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
     if o.result in SERVING_NEW:
         return "no changes" if o.result == NO_CHANGE else f"passed the gate in {o.timings.get('gate', 0):.1f}s"
     if o.result == REFUSED:
-        return _short(o.reason)
-    head = rc.get("label") if rc else _short(o.reason.split(";")[0].removeprefix("gate failed: "))
+        return shorten(o.reason)
+    head = rc.get("label") if rc else shorten(o.reason.split(";")[0].removeprefix("gate failed: "))
     tail = "rolled back" if o.result == ROLLED_BACK else "ROLLBACK FAILED"
     return f"{head}; {tail}"
 
 
-def _short(text: str, limit: int = 120) -> str:
+def shorten(text: str, limit: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

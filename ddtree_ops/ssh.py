@@ -30,6 +30,7 @@ from ddtree_ops.host import (
     HostUnreachable,
     HttpResponse,
     HttpUnavailable,
+    RemoteTimeout,
     Result,
     SudoPasswordRequired,
 )
@@ -45,10 +46,6 @@ ENV_SSH_CONFIG = "DDTREE_OPS_SSH_CONFIG"
 # last-resort handler; the tool reports those itself (HttpUnavailable), so keep them quiet
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 SUDO_PASSWORD_HINTS = ("a password is required", "a terminal is required", "no tty present")
-
-
-class RemoteTimeout(OpsError):
-    exit_code = 3
 
 
 @dataclass(frozen=True)

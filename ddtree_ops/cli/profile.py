@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt
+from ddtree_ops.errors import ProfileError
 
 if TYPE_CHECKING:
     from ddtree_ops.inventory import Inventory
@@ -34,14 +38,9 @@ def show(host: str = typer.Argument(..., metavar="HOST|GROUP",
 
     Example: ddtree-ops profile show a6000
     """
-    import json
+    import yaml  # ~30 ms, for this command's text output only
 
-    import yaml
-
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import inventory as load_inventory
-
-    inv = load_inventory(profiles, inventory)
+    inv = _common.inventory(profiles, inventory)
     if inv.is_group(host):
         return _show_group(inv, host, set_ or [], as_json)
     p = inv.profile(host, set_ or [])
@@ -55,7 +54,7 @@ def show(host: str = typer.Argument(..., metavar="HOST|GROUP",
 
 
 def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: bool) -> int:
-    from ddtree_ops import output
+    # imported with the inventory's own modules (yaml, pydantic): only when the command runs
     from ddtree_ops.fleet import table
     from ddtree_ops.inventory import compress, differences
 
@@ -102,8 +101,6 @@ def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: boo
 
 
 def _value(v: object) -> str:
-    import json
-
     return json.dumps(v) if not isinstance(v, str) else v
 
 
@@ -116,14 +113,8 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
 
     Example: ddtree-ops profile validate
     """
-    from rich.markup import escape
-
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import inventory as load_inventory
-    from ddtree_ops.errors import ProfileError
-
     try:
-        inv = load_inventory(profiles, inventory)
+        inv = _common.inventory(profiles, inventory)
     except ProfileError as exc:  # a broken group file or inventory: every problem, then 64
         for problem in exc.problems:
             output.say(f"[red]error[/] {output.escape(problem)}")
@@ -140,7 +131,7 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
         except ProfileError as exc:
             results[name] = exc.problems
             for problem in exc.problems:
-                output.say(f"[red]error[/] {escape(problem)}")
+                output.say(f"[red]error[/] {output.escape(problem)}")
     if as_json:
         output.emit_json({"command": "profile validate",
                           "profiles": {k: {"ok": not v, "problems": v} for k, v in results.items()}})
