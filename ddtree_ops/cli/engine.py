@@ -15,13 +15,13 @@ import typer
 
 from ddtree_ops import output
 from ddtree_ops.cli._common import JsonOpt
+from ddtree_ops.engine.tree_shape import MAX_BUDGET, MAX_DEPTH
 from ddtree_ops.errors import OpsError, UsageError
 
 engine_app = typer.Typer(name="engine", help="The in-tree DDTree engine: losslessness check, SGLang plugin check.",
                          no_args_is_help=True, add_completion=False)
 
-MAX_BUDGET = 2048      # mirrors ddtree_ops.engine.tree.MAX_BUDGET without importing torch
-MAX_HORIZON = 32
+MAX_HORIZON = MAX_DEPTH  # draft positions per round: the tree's depth
 
 
 def _need_torch() -> None:

@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from ddtree_ops.lab._sys import LabError
+from ddtree_ops.lab.hosts import MAX_HOSTS, address_of, lab_hosts
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin"
@@ -114,7 +115,5 @@ def install_host(root: Path, host: str, profile: object, *, host_key: Path, clie
     (ssh_dir / "authorized_keys").chmod(0o600)
     # every lab host's name, as a site's DNS would give them (a multi-node service's
     # --dist-init-addr names rank 0's host); this host's own name is its lab address
-    from ddtree_ops.lab.machine import MAX_HOSTS, address_of, lab_hosts
-
     names = "".join(f"{address_of(h)}\t{h}\n" for h in lab_hosts(MAX_HOSTS))
     (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n{names}::1\tlocalhost ip6-localhost ip6-loopback\n")

@@ -17,7 +17,7 @@ from ddtree_ops.errors import ProfileError
 from ddtree_ops.gate import GateConfig, GateState, Status, service_verdict
 from ddtree_ops.gpu import Gpu, GpuApp, GpuSnapshot
 from ddtree_ops.inventory import Inventory
-from ddtree_ops.lab import machine
+from ddtree_ops.lab import hosts as lab_hosts
 from ddtree_ops.preflight import FAIL, OK, WARN, Preflight, check_gpu, check_models
 from ddtree_ops.profile import load_profile
 from ddtree_ops.render import render, render_service
@@ -38,7 +38,7 @@ def profiles(tmp_path: Path) -> Path:
 def lab_inventory(tmp_path: Path) -> Path:
     """The lab's inventory for six hosts, as `lab up --hosts 6` writes it."""
     p = tmp_path / "inventory.yaml"
-    p.write_text(machine.inventory_text(machine.lab_hosts(6), "test"))
+    p.write_text(lab_hosts.inventory_text(lab_hosts.lab_hosts(6), "test"))
     return p
 
 
