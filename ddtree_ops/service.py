@@ -41,7 +41,7 @@ from ddtree_ops.render import Rendered, render_service
 from ddtree_ops.status import DeployExit
 
 if TYPE_CHECKING:
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.profile import Profile
 
 T = TypeVar("T")

@@ -21,7 +21,7 @@ from typer._click.globals import get_current_context  # typer 0.29 carries click
 from ddtree_ops.errors import ProfileError, UsageError
 
 if TYPE_CHECKING:
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.host import Host
     from ddtree_ops.profile import Profile
 
@@ -47,8 +47,8 @@ InventoryOpt = typer.Option(None, "--inventory", "-i", metavar="FILE", envvar="D
 
 def inventory(profiles: Optional[str] = None, inventory_file: Optional[str] = None) -> "Inventory":
     # pydantic and yaml load with the inventory: only once a command runs, never for --help
-    from ddtree_ops.inventory import Inventory
-    from ddtree_ops.profile import profiles_dir
+    from ddtree_ops.config.inventory import Inventory
+    from ddtree_ops.config.paths import profiles_dir
 
     return Inventory.load(profiles_dir(profiles), inventory_file)
 

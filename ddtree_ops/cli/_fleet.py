@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence
 from ddtree_ops import output
 from ddtree_ops.cli import _common
 from ddtree_ops.cli._common import profiles_of
+from ddtree_ops.config.hostnames import compress
 from ddtree_ops.errors import UsageError
 
 if TYPE_CHECKING:
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.fleet import FleetOutcome
 
 
@@ -53,7 +54,6 @@ def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: str, overrides:
 def show_fleet(out: "FleetOutcome", *, as_json: bool) -> None:
     # fleet imports the transaction (pydantic): only when a fleet command runs
     from ddtree_ops import fleet
-    from ddtree_ops.inventory import compress
 
     if as_json:
         output.emit_json(out.to_json())
@@ -215,7 +215,6 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
     """A table of causes: hosts that share one are on one line; the evidence and remedy once each."""
     # the live diagnosis loads the catalogue and pydantic (profiles): only when the command runs
     from ddtree_ops import fleet
-    from ddtree_ops.inventory import compress
     from ddtree_ops.diagnose import report as rpt
     from ddtree_ops.diagnose.live import diagnose_host
     from ddtree_ops.status import DiagnoseExit

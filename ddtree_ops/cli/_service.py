@@ -16,7 +16,7 @@ from ddtree_ops.errors import OpsError
 from ddtree_ops.status import DiagnoseExit
 
 if TYPE_CHECKING:
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.service import Service, ServiceOutcome
 
 

@@ -10,10 +10,11 @@ import typer
 from ddtree_ops import output
 from ddtree_ops.cli import _common
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt
+from ddtree_ops.config.hostnames import compress
 from ddtree_ops.errors import ProfileError
 
 if TYPE_CHECKING:
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.profile import Profile
 
 profile_app = typer.Typer(help="Show or validate per-host profiles and groups.", no_args_is_help=True)
@@ -56,7 +57,7 @@ def show(host: str = typer.Argument(..., metavar="HOST|GROUP",
 def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: bool) -> int:
     # imported with the inventory's own modules (yaml, pydantic): only when the command runs
     from ddtree_ops.fleet import table
-    from ddtree_ops.inventory import compress, differences
+    from ddtree_ops.config.layers import differences
 
     hosts = inv.members(group)
     docs = {h: _redacted(inv.profile(h, overrides)) for h in hosts}

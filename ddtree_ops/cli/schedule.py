@@ -25,7 +25,7 @@ def _spec(every: str, hosts: Optional[list[str]], prom_file: Optional[str], ping
           ssh_config: Optional[str], user: Optional[str]):  # noqa: ANN202 - schedule.Spec, imported lazily
     # schedule loads the smoke package, the inventory pydantic: imported when the command runs
     from ddtree_ops import schedule
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
 
     names = [h for item in hosts or [] for h in item.split(",") if h]
     if names:

@@ -50,7 +50,7 @@ def env_line(paths: Paths | None = None) -> str:
 def _profiles(hosts: Sequence[str], paths: Paths | None = None) -> dict[str, Any]:
     """ct129 and ct200 from their own profiles, the extra hosts from their class group
     (profiles/groups/a6000.yaml, pro6000.yaml) through the lab's inventory."""
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
 
     paths = paths or Paths.default()
     inv = Inventory.load(None, paths.inventory if paths.inventory.is_file() else "")

@@ -82,7 +82,7 @@ def load_targets(names: Sequence[str], *, all_hosts: bool, overrides: Sequence[s
     """Profiles for the named hosts and groups (or every host). A name that is neither is a usage
     error (exit 64, nothing checked); a profile that does not validate makes its host UNKNOWN."""
     from ddtree_ops.errors import ProfileError, UsageError
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.profile import profiles_dir
 
     inv = Inventory.load(profiles_dir(profiles), inventory)

@@ -107,7 +107,7 @@ def test_recipe_id_is_stable_and_the_payload_is_complete() -> None:
 
 
 def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_path: Path) -> None:
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
 
     six = hosts.lab_hosts(6)
     assert six == ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]

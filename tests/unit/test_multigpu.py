@@ -16,7 +16,7 @@ from ddtree_ops import memory
 from ddtree_ops.errors import ProfileError
 from ddtree_ops.gate import GateConfig, GateState, Status, service_verdict
 from ddtree_ops.gpu import Gpu, GpuApp, GpuSnapshot
-from ddtree_ops.inventory import Inventory
+from ddtree_ops.config.inventory import Inventory
 from ddtree_ops.lab import hosts as lab_hosts
 from ddtree_ops.preflight import FAIL, OK, WARN, Preflight, check_gpu, check_models
 from ddtree_ops.profile import load_profile
