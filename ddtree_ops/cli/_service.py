@@ -17,19 +17,20 @@ from ddtree_ops.status import DiagnoseExit
 
 if TYPE_CHECKING:
     from ddtree_ops.config.inventory import Inventory
-    from ddtree_ops.service import Service, ServiceOutcome
+    from ddtree_ops.service import ServiceOutcome
+    from ddtree_ops.service_nodes import Service
 
 
 def load(inv: "Inventory", name: str, overrides: Sequence[str] = ()) -> "Service":
     # the service's profiles are pydantic models: imported when a command runs
-    from ddtree_ops.service import Service
+    from ddtree_ops.service_nodes import Service
 
     return Service.load(inv, name, overrides)
 
 
 def _hosts(svc: "Service", ssh_config: Optional[str], stack: ExitStack) -> list[Any]:
     # the service transaction loads pydantic (profiles): imported when a command runs
-    from ddtree_ops.service import connect_all
+    from ddtree_ops.service_nodes import connect_all
 
     return connect_all(svc, _common.connector(ssh_config), stack)
 
@@ -110,7 +111,7 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
     # the live diagnosis and the service load the catalogue and pydantic: imported when the command runs
     from ddtree_ops.diagnose import report as rpt
     from ddtree_ops.diagnose.live import diagnose_host
-    from ddtree_ops.service import diagnosis_failures, each, first_failed
+    from ddtree_ops.service_nodes import diagnosis_failures, each, first_failed
 
     escape = output.escape
 
@@ -174,7 +175,7 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
 
 def history(inv: "Inventory", name: str, *, audit: int, as_json: bool, ssh_config: Optional[str]) -> int:
     # the service loads pydantic (profiles): imported when the command runs
-    from ddtree_ops.service import service_history
+    from ddtree_ops.service_nodes import service_history
 
     svc = load(inv, name)
     with ExitStack() as stack:
@@ -205,7 +206,7 @@ def smoke(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: 
     """One check per service: rank 0's smoke (health, request, acceptance) with every node's unit
     underneath; any node not running makes the service CRITICAL."""
     # smoke and the service load prometheus_client and pydantic: imported when the command runs
-    from ddtree_ops.service import read_node_states, smoke_service
+    from ddtree_ops.service_nodes import read_node_states, smoke_service
     from ddtree_ops.smoke import nagios
     from ddtree_ops.smoke.runner import Target, check_host
 
@@ -229,7 +230,7 @@ def preflight(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str
               ssh_config: Optional[str]) -> int:
     # rendering and the service load pydantic (profiles): imported when the command runs
     from ddtree_ops.render import render_service
-    from ddtree_ops.service import preflight_service
+    from ddtree_ops.service_preflight import preflight_service
     from ddtree_ops.wheel import build
 
     svc = load(inv, name, overrides)
