@@ -26,7 +26,8 @@ DRIVER_VERSION = "570.172.08"
 CUDA_VERSION = "12.8"
 _COMPUTE_CAP = {"sm_80": "8.0", "sm_86": "8.6", "sm_89": "8.9", "sm_90": "9.0", "sm_100": "10.0", "sm_120": "12.0"}
 STANDIN_FILES = ("__init__.py", "simgpu.py", "nvidia_smi.py", "memory.py", "behaviour.py", "textgen.py",
-                 "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "hold.py", "squat.py", "ranks.py")
+                 "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "scheduler.py", "startup.py",
+                 "faults.py", "nodes.py", "serving.py", "hold.py", "squat.py", "ranks.py")
 README = """ddtree-ops LAB HOST (a container on the operator's machine, not a GPU host)
 
 Real: systemd (PID 1), journald, sshd, the sglang 0.5.23 package in /opt/sglang/venv (its argument

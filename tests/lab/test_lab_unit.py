@@ -106,6 +106,25 @@ def test_recipe_id_is_stable_and_the_payload_is_complete() -> None:
     assert facts["compute_cap"] == "12.0" and facts["power_limit_w"] == 600 and facts["uuid"].startswith("GPU-")
 
 
+def test_the_payload_carries_every_module_the_standin_imports() -> None:
+    """The stand-in runs on the lab hosts from the copied files alone: a module of its own that
+    `server.py` (or `nvidia_smi.py`) reaches through a relative import and that is not copied would
+    fail there, at the first start."""
+    import ast
+
+    todo, seen = ["server.py", "nvidia_smi.py"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((payload.STANDIN / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                todo += [f"{n}.py" for n in names if (payload.STANDIN / f"{n}.py").is_file()]
+    assert seen - set(payload.STANDIN_FILES) == set()
+
+
 def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_path: Path) -> None:
     from ddtree_ops.config.inventory import Inventory
 
