@@ -197,15 +197,6 @@ SIGNATURES = (
 )
 
 
-def best_of(n: int, fn) -> float:
-    times = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
 def machine() -> str:
     cpu = platform.processor() or ""
     try:

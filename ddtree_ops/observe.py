@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Iterable
 
 from ddtree_ops import remote
 from ddtree_ops.host import Host
@@ -109,15 +108,6 @@ def unit_state(host: Host, unit: str) -> UnitState:
 
 def journal_cursor(host: Host, unit: str) -> str | None:
     return parse_cursor(host.run(remote.journal_cursor(unit), timeout=20).stdout)
-
-
-def journal_since(host: Host, unit: str, cursor: str | None) -> list[JournalLine]:
-    return parse_journal_json(host.run(remote.journal_after(unit, cursor), timeout=30).stdout)
-
-
-def only_invocation(lines: Iterable[JournalLine], invocation: str) -> list[JournalLine]:
-    """systemd's own lines about the unit carry INVOCATION_ID; the service's carry _SYSTEMD_..."""
-    return [ln for ln in lines if not invocation or not ln.invocation or ln.invocation == invocation]
 
 
 def read_files(host: Host, paths: list[str]) -> dict[str, bytes | None]:
