@@ -10,6 +10,7 @@ import base64
 from dataclasses import dataclass
 
 from ddtree_ops import remote
+from ddtree_ops.diagnose.journal import parse_json_entry
 from ddtree_ops.host import Host
 
 
@@ -79,8 +80,6 @@ class JournalLine:
 def parse_journal_json(text: str) -> list[JournalLine]:
     """`journalctl -o json` output, one JournalLine per message line (tracebacks arrive as one
     multi-line MESSAGE or as one entry per line, depending on how the service writes)."""
-    from ddtree_ops.diagnose.journal import parse_json_entry
-
     out: list[JournalLine] = []
     for raw in text.splitlines():
         entry = parse_json_entry(raw) if raw.lstrip().startswith("{") else None

@@ -11,7 +11,7 @@ import sys
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -91,3 +91,11 @@ def emit_json(doc: dict[str, Any]) -> None:
     body = {"schema_version": SCHEMA_VERSION, **doc}
     sys.stdout.write(json.dumps(body, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Aligned columns, the last one left ragged."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]

@@ -27,11 +27,8 @@ from ddtree_ops.preflight import Preflight
 from ddtree_ops.profile import Profile
 from ddtree_ops.releases import Change, Layout
 from ddtree_ops.render import Rendered, redact
-from ddtree_ops.status import DeployExit
+from ddtree_ops.status import DEGRADED, ROLLED_BACK, DeployExit
 
-# the results of a deploy or a rollback (the `result` of its outcome and JSON document)
-OK, NO_CHANGE, DRY_RUN, ROLLED_BACK, DEGRADED, REFUSED = (
-    "ok", "no-change", "dry-run", "rolled-back", "degraded", "refused")
 # the reason of a deploy that a fleet's interrupt stopped before it changed anything
 STOPPED = "stopped before any change: the rollout was interrupted"
 

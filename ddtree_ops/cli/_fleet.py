@@ -127,7 +127,7 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
     if as_json:
         output.emit_json({"command": "rollback", "hosts": docs})
     else:
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
     return worst
 
 
@@ -166,7 +166,7 @@ def history_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_c
     if as_json:
         output.emit_json({"command": "history", "hosts": docs})
     else:
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
     return 0
 
 
@@ -199,7 +199,7 @@ def lock_status_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, s
     if as_json:
         output.emit_json({"command": "lock status", "hosts": docs})
     else:
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
     return 1 if held else (3 if unknown else 0)
 
 
@@ -254,7 +254,7 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
     else:
         rows = [("VERDICT", "CAUSE", "N", "HOSTS")] + [
             (g["verdict"], g["cause"], str(len(g["hosts"])), compress(g["hosts"])) for g in ranked]
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
         for g in ranked:
             if g["evidence"]:
                 output.say(f"[bold]{output.escape(g['cause'])}[/] ({g['evidence_host']}, "

@@ -14,6 +14,7 @@ from ddtree_ops import output
 from ddtree_ops.cli import _common, _fleet, _service
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
 from ddtree_ops.cli._show import show_outcome, show_plan
+from ddtree_ops.fleet_plan import Rollout, parse_batch, parse_budget
 
 if TYPE_CHECKING:
     from ddtree_ops.deploy import Outcome
@@ -64,9 +65,7 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
 
     Example: ddtree-ops deploy a6000 pro6000 --mode dflash --canary 2 --batch 1,25% --max-fail 10% --yes
     """
-    # the transaction and the fleet load pydantic (profiles): imported when the command runs
-    from ddtree_ops import fleet
-    from ddtree_ops.deploy import deploy
+    from ddtree_ops.deploy import deploy  # the transaction loads pydantic (profiles): only when the command runs
 
     inv = _common.inventory(profiles, inventory)
     service = _common.service_target(inv, targets)
@@ -75,7 +74,7 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
                                force_restart=force_restart, lock_wait=lock_wait, as_json=as_json,
                                ssh_config=ssh_config)
     if not _common.is_single(inv, targets):
-        rollout = fleet.Rollout(canary=canary, batch=fleet.parse_batch(batch), max_fail=fleet.parse_budget(max_fail),
+        rollout = Rollout(canary=canary, batch=parse_batch(batch), max_fail=parse_budget(max_fail),
                                 canary_stay_s=canary_stay, skip_refused=skip_refused)
         return _fleet.deploy_many(inv, targets, mode=mode, overrides=set_ or [], rollout=rollout, dry_run=dry_run,
                                   yes=yes, force_restart=force_restart, lock_wait=lock_wait, verbose=verbose,

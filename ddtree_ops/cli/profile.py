@@ -55,9 +55,7 @@ def show(host: str = typer.Argument(..., metavar="HOST|GROUP",
 
 
 def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: bool) -> int:
-    # imported with the inventory's own modules (yaml, pydantic): only when the command runs
-    from ddtree_ops.fleet import table
-    from ddtree_ops.config.layers import differences
+    from ddtree_ops.config.layers import differences  # yaml (~30 ms): only when the command runs
 
     hosts = inv.members(group)
     docs = {h: _redacted(inv.profile(h, overrides)) for h in hosts}
@@ -88,7 +86,7 @@ def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: boo
         own = [str(inv.host_files[h])] if h in inv.host_files else []
         own += [f"entry at {inv.listed[h]}"] if inv.entries.get(h) else []
         rows.append((h, ",".join(x for x in inv.groups_of(h) if x != "all"), ", ".join(own) or "-"))
-    output.data("\n".join(table(rows)))
+    output.data("\n".join(output.table(rows)))
     if not values:
         output.data(f"all {len(hosts)} resolve alike ({len(shared)} keys) apart from their names")
         return 0
@@ -97,7 +95,7 @@ def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: boo
         for i, (v, hs) in enumerate(by_value.items()):
             rows.append((key if i == 0 else "", v, compress(hs), ", ".join(dict.fromkeys(where(h, key) for h in hs))))
     output.data(f"what differs ({len(values)} of {len(values) + len(shared)} keys):")
-    output.data("\n".join(table(rows)))
+    output.data("\n".join(output.table(rows)))
     return 0
 
 

@@ -89,6 +89,7 @@ def encode_prompt(tok: Any, text: str) -> list[int]:
 def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: int = 64, budget: int = 32,
                horizon: int = 15, tie_eps: float = 1e-3, shadow_share: float = 1.0,
                progress: Any = None) -> VerifySummary:
+    # torch and transformers (seconds): loaded here, once the CLI has checked they are installed
     import torch
 
     from ddtree_ops.engine.decoder import MODES, Decoder

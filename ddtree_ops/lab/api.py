@@ -12,12 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ddtree_ops.config.inventory import Inventory
 from ddtree_ops.errors import UsageError
 from ddtree_ops.lab import _sys, machine, payload, tree
 from ddtree_ops.lab._sys import LabError
 from ddtree_ops.lab.hosts import HOSTS, MAX_HOSTS, address_of, inventory_text, lab_hosts
 from ddtree_ops.lab.machine import HostState, LabState
 from ddtree_ops.lab.paths import Paths
+from ddtree_ops.lab.seed import seed_nextn
+from ddtree_ops.ssh import connect as ssh_connect
 
 ENV_VAR = "DDTREE_OPS_SSH_CONFIG"
 ENV_INVENTORY = "DDTREE_OPS_INVENTORY"
@@ -50,8 +53,6 @@ def env_line(paths: Paths | None = None) -> str:
 def _profiles(hosts: Sequence[str], paths: Paths | None = None) -> dict[str, Any]:
     """ct129 and ct200 from their own profiles, the extra hosts from their class group
     (profiles/groups/a6000.yaml, pro6000.yaml) through the lab's inventory."""
-    from ddtree_ops.config.inventory import Inventory
-
     paths = paths or Paths.default()
     inv = Inventory.load(None, paths.inventory if paths.inventory.is_file() else "")
     return {h: inv.profile(h) for h in hosts}
@@ -139,16 +140,12 @@ def up(paths: Paths | None = None, *, hosts: Sequence[str] | None = None, count:
 
 
 def _seed(paths: Paths, host: str, profile: Any) -> None:
-    from ddtree_ops.lab.seed import seed_nextn
-
     with connect(paths, host) as conn:
         seed_nextn(conn, profile)
 
 
 def connect(paths: Paths, host: str) -> Any:
     """The tool's own Host over SSH, through the lab's ssh_config."""
-    from ddtree_ops.ssh import connect as ssh_connect
-
     return ssh_connect(_profiles([host], paths)[host], ssh_config=str(paths.ssh_config), strict=True)
 
 
@@ -362,8 +359,6 @@ class Lab:
         fault(host, "clear", self.paths)
 
     def restore(self, host: str) -> None:
-        from ddtree_ops.lab.seed import seed_nextn
-
         self.clear(host)
         profile = _profiles([host], self.paths)[host]
         with self.connect(host) as conn:
