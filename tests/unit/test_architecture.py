@@ -6,6 +6,7 @@
 - no `from X import _name`, and no `module._name`, across modules;
 - a function-local import of the package's own modules says why, in a comment on its line or just
   above its block (start-up time: torch, sglang, paramiko, pydantic);
+- the CLI's start (`--help`) loads none of the heavy libraries the commands import when they run;
 - the SGLang stand-in, which runs alone on the lab hosts, imports only its own modules;
 - the layout document names every module, and names no module that does not exist.
 
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -283,6 +286,16 @@ def test_function_local_imports_of_the_package_say_why() -> None:
     assert not problems, ("function-local imports of the package's own modules without a reason (a comment on the "
                           "line or just above: which start-up cost they keep from --help), or move them to the "
                           "top:\n" + "\n".join(problems))
+
+
+def test_the_cli_starts_without_the_heavy_libraries() -> None:
+    """What the function-local imports are for: `ddtree-ops --help` and every command's --help load
+    the command modules, and none of them may pull in what only a running command needs."""
+    heavy = ("pydantic", "yaml", "paramiko", "rich", "psutil", "prometheus_client", "torch", "sglang")
+    code = f"import sys, ddtree_ops.cli.app; print(' '.join(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"importing the CLI loads {out.stdout.strip()}"
 
 
 def test_the_standin_imports_only_its_own_modules() -> None:
