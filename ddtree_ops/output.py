@@ -6,7 +6,6 @@ and plain writes on stdout for data: unit text, JSON documents, Nagios lines.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from contextlib import contextmanager
@@ -88,6 +87,8 @@ def data(text: str) -> None:
 
 def emit_json(doc: dict[str, Any]) -> None:
     """One JSON document on stdout, always carrying schema_version."""
+    import json  # ~4 ms, only when a document is printed: every command's --help goes through here
+
     body = {"schema_version": SCHEMA_VERSION, **doc}
     sys.stdout.write(json.dumps(body, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()

@@ -14,7 +14,6 @@ from ddtree_ops import output
 from ddtree_ops.cli import _common, _fleet, _service
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
 from ddtree_ops.cli._show import show_outcome, show_plan
-from ddtree_ops.fleet_plan import Rollout, parse_batch, parse_budget
 
 if TYPE_CHECKING:
     from ddtree_ops.deploy import Outcome
@@ -74,6 +73,8 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
                                force_restart=force_restart, lock_wait=lock_wait, as_json=as_json,
                                ssh_config=ssh_config)
     if not _common.is_single(inv, targets):
+        from ddtree_ops.fleet_plan import Rollout, parse_batch, parse_budget  # its dataclasses: not for --help
+
         rollout = Rollout(canary=canary, batch=parse_batch(batch), max_fail=parse_budget(max_fail),
                                 canary_stay_s=canary_stay, skip_refused=skip_refused)
         return _fleet.deploy_many(inv, targets, mode=mode, overrides=set_ or [], rollout=rollout, dry_run=dry_run,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import typer
 
 from ddtree_ops import output
-from ddtree_ops.lab.paths import Paths
 
 lab_app = typer.Typer(help="Local lab hosts ct129, ct200 (and more with --hosts N): real systemd + sshd "
                            "containers with an SGLang stand-in (no GPU). Needs root.", no_args_is_help=True)
@@ -58,7 +57,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON document
     rows = api.status()
     ok = all(r.running and r.service == "active" for r in rows)
     if as_json:
-        paths = Paths.default()
+        paths = api.Paths.default()
         output.emit_json({"command": "lab status", "ssh_config": str(paths.ssh_config),
                           "inventory": str(paths.inventory), "hosts": [r.__dict__ for r in rows]})
     else:
