@@ -324,12 +324,6 @@ def bench_verify(args: argparse.Namespace, device: torch.device) -> dict[str, An
             "dtype": str(dtype), "rows": rows}
 
 
-def _cache_kw(model: Any) -> str:
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-
-
 def load_decode_model(spec: str, device: torch.device) -> tuple[Any, str]:
     from ddtree_ops.engine.models import load_model, shaped_like
 

@@ -6,112 +6,36 @@
          -> install env and unit (write beside, rename) -> daemon-reload -> reset-failed -> restart
          -> gate -> PASS: known-good | FAIL: diagnosis, reinstall known-good, same gate
 
-State changes on the host are batched into one round trip per step (`releases.Change`).
+State changes on the host are batched into one round trip per step (`releases.Change`). What this
+and the multi-node service's transaction share (the outcome, the files, the gate's progress lines,
+the verdict after a rollback) is `transaction.py`.
 """
 
 from __future__ import annotations
 
 import calendar
-import difflib
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ddtree_ops import gate as gating
 from ddtree_ops import lock, output, releases, remote
 from ddtree_ops.errors import OpsError
-from ddtree_ops.host import Host, HostError, HttpUnavailable
-from ddtree_ops.observe import parse_cursor, parse_systemctl_show, read_files, unit_state
+from ddtree_ops.host import Host, HostError
+from ddtree_ops.observe import parse_cursor, parse_systemctl_show, read_files
 from ddtree_ops.preflight import Preflight, run_preflight
 from ddtree_ops.profile import Profile
 from ddtree_ops.releases import Change, Layout, StoredRelease
-from ddtree_ops.render import Rendered, redact, render
+from ddtree_ops.render import Rendered, render
 from ddtree_ops.status import DeployExit
+from ddtree_ops.transaction import (STOPPED, Outcome, degrade, env_path_of, gate_progress, healthy_now, install_plugin,
+                                    make_diff, reconnect, record_rollback, refusal, settle_rollback, stage_files,
+                                    unit_path_of)
+from ddtree_ops.wheel import build
 
-
-@dataclass
-class Outcome:
-    host: str
-    mode: str
-    release_id: str
-    exit_code: int
-    result: str  # ok | no-change | dry-run | rolled-back | degraded | refused
-    reason: str
-    known_good: str | None = None
-    preflight: Preflight | None = None
-    gate: gating.GateResult | None = None
-    rollback_gate: gating.GateResult | None = None
-    diagnosis: dict[str, Any] | None = None
-    evidence: list[str] = field(default_factory=list)
-    diff: str = ""
-    timings: dict[str, float] = field(default_factory=dict)
-    round_trips: int = 0
-    events: list[str] = field(default_factory=list)
-
-    def to_json(self) -> dict[str, Any]:
-        def gate_json(g: gating.GateResult | None) -> dict[str, Any] | None:
-            if g is None:
-                return None
-            return {"passed": g.passed, "reason": g.reason, "elapsed_s": round(g.elapsed_s, 3),
-                    "ready_after_s": g.state.ready_at,
-                    "smoke": None if g.state.smoke is None else g.state.smoke.__dict__}
-
-        return {"command": "deploy", "host": self.host, "mode": self.mode, "release_id": self.release_id,
-                "result": self.result, "exit_code": self.exit_code, "reason": self.reason,
-                "known_good": self.known_good,
-                "preflight": None if self.preflight is None else self.preflight.to_json(),
-                "gate": gate_json(self.gate), "rollback_gate": gate_json(self.rollback_gate),
-                "diagnosis": self.diagnosis, "evidence": self.evidence,
-                "timings_s": {k: round(v, 3) for k, v in self.timings.items()},
-                "ssh_round_trips": self.round_trips, "events": self.events}
-
-
-# ------------------------------------------------------------------ pieces
-
-
-def env_path_of(p: Profile) -> str:
-    return f"{p.service.env_dir}/{p.service.unit.removesuffix('.service')}.env"
-
-
-def unit_path_of(p: Profile) -> str:
-    return f"/etc/systemd/system/{p.service.unit}"
-
-
-def redact_env(text: str | None, secret_keys: set[str]) -> str:
-    if text is None:
-        return ""
-    out = []
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key.strip() in secret_keys:
-            out.append(f"{key}={redact(value.strip().strip(chr(39)).strip(chr(34)))}")
-        else:
-            out.append(line)
-    return "\n".join(out) + ("\n" if out else "")
-
-
-def make_diff(rendered: Rendered, pf: Preflight, secret_keys: set[str]) -> str:
-    parts = []
-    for label, old, new in ((rendered.unit_path, pf.installed_unit, rendered.unit_text),
-                            (rendered.env_path, redact_env(pf.installed_env, secret_keys) if pf.installed_env else None,
-                             rendered.env_redacted)):
-        a = (old or "").splitlines(keepends=True)
-        b = new.splitlines(keepends=True)
-        parts.extend(difflib.unified_diff(a, b, f"{label} (installed)" if old is not None else "/dev/null",
-                                          f"{label} (release {rendered.release_id})"))
-    return "".join(parts)
-
-
-def healthy_now(host: Host, p: Profile) -> tuple[bool, str]:
-    u = unit_state(host, p.service.unit)
-    if not u.running:
-        return False, f"unit {u.describe()}"
-    try:
-        status = host.http("GET", p.service.port, "/health_generate", timeout=min(p.gate.http_timeout_s, 5)).status
-    except HttpUnavailable as exc:
-        return False, str(exc)
-    return status == 200, f"unit {u.describe()}, /health_generate {status}"
+__all__ = ["STOPPED", "Outcome", "Restarted", "deploy", "rollback", "needs_rollback", "install", "rollback_to",
+           "resolve_interrupted", "adopt_baseline", "explain_failure", "healthy_now"]
 
 
 # systemd steps of one install, in one round trip; prints the journal cursor and the InvocationID
@@ -142,35 +66,12 @@ def install(host: Host, unit_path: str, unit_text: str, env_path: str, env_text:
     if installed is None:
         files = read_files(host, [env_path, unit_path])
         installed = files[env_path], files[unit_path]
-    change = Change(list(pre.lines) if pre else [])
-    change.remove(f"{env_path}.ddtree-new").remove(f"{unit_path}.ddtree-new")
-    if installed[0] != env_text.encode():
-        change.mkdir(env_path.rsplit("/", 1)[0]).write(env_path, env_text, 0o600)
-    if installed[1] != unit_text.encode():
-        change.write(unit_path, unit_text, 0o644)
+    change = stage_files(Change(list(pre.lines) if pre else []), unit_path, unit_text, env_path, env_text, installed)
     res = host.run(["sh", "-c", releases.APPLY + _RESTART, "sh", unit],
                    stdin=("\n".join(change.lines) + "\n").encode(), sudo=True, timeout=180)
     res.check(f"installing and restarting {unit}")
     stop_ns = next((int(x.split("=", 1)[1]) for x in res.stdout.splitlines() if x.startswith("stop_ns=")), 0)
     return Restarted(parse_cursor(res.stdout), parse_systemctl_show(res.stdout).invocation, stop_ns / 1e9)
-
-
-def _progress(label: str, abort: Callable[[], bool] | None = None
-              ) -> Callable[[gating.GateState, gating.Observation], None]:
-    last = {"phase": None, "t": -10.0}
-
-    def show(state: gating.GateState, obs: gating.Observation) -> None:
-        if abort is not None and abort():
-            # a fleet interrupted twice: this host rolls back now, as a single deploy does on Ctrl-C
-            raise KeyboardInterrupt
-        if state.phase != last["phase"] or obs.t - last["t"] >= 10:
-            last["phase"], last["t"] = state.phase, obs.t
-            if state.status is gating.Status.WAIT:
-                # "\[": the label is text, not rich markup (unescaped, "[nextn]" vanished as a style tag)
-                output.say(f"  \\[{label}] {obs.t:5.1f}s of {state.cfg.deadline_s:g}s: waiting for "
-                           f"{state.waiting_for()} (unit {obs.unit.active}/{obs.unit.sub})", style="dim")
-
-    return show
 
 
 def explain_failure(result: gating.GateResult) -> tuple[dict[str, Any], list[str]]:
@@ -184,16 +85,14 @@ def rollback_to(host: Host, p: Profile, layout: Layout, release: StoredRelease, 
                 current: str | None) -> gating.GateResult:
     mode = release.meta.get("mode", p.known_good_mode)
     rid = release.release_id
-    from rich.markup import escape
-
     # `why` quotes the journal: text, not markup
-    output.say(f"{host.name}: rolling back to {rid} ({mode}): {escape(why)}", style="bold yellow")
+    output.say(f"{host.name}: rolling back to {rid} ({mode}): {output.escape(why)}", style="bold yellow")
     pre = Change().write(layout.pending, releases.pending_doc(rid, current, "rollback")).audit(
         layout, f"rollback {p.name} release={rid} reason={why!r}")
     started = install(host, release.meta.get("unit_path", unit_path_of(p)), release.unit,
                       release.meta.get("env_path", env_path_of(p)), release.env, p.service.unit, pre=pre)
     result = gating.run_gate(host, p, mode, cursor=started.cursor, previous_invocation=started.previous_invocation,
-                             on_progress=_progress("rollback"))
+                             on_progress=gate_progress("rollback"))
     done = Change()
     if result.passed:
         done.mark(layout.current, rid).remove(layout.pending).audit(layout, f"rollback {p.name} release={rid} result=healthy")
@@ -249,7 +148,7 @@ def resolve_interrupted(host: Host, p: Profile, layout: Layout, state: releases.
         left = p.gate.startup_deadline_s - _age_s(pending.get("started_at"))
         output.say(f"{host.name}: release {rid} is installed; gating it now to finish that {pending.get('action')}")
         result = gating.run_gate(host, p, interrupted.meta.get("mode", p.known_good_mode), cursor=None,
-                                 on_progress=_progress("resume"),
+                                 on_progress=gate_progress("resume"),
                                  deadline_s=max(left, p.gate.stay_healthy_s + 4 * p.gate.poll_interval_s))
         if result.passed:
             change = releases.set_status(Change(), layout, interrupted, "good")
@@ -275,10 +174,6 @@ def resolve_interrupted(host: Host, p: Profile, layout: Layout, state: releases.
 # ------------------------------------------------------------------ deploy
 
 
-# the reason of a deploy that a fleet's interrupt stopped before it changed anything
-STOPPED = "stopped before any change: the rollout was interrupted"
-
-
 def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_yes: bool = False,
            confirm: Callable[[str], bool] | None = None, force_restart: bool = False,
            lock_wait_s: float = 0, on_plan: Callable[[Outcome], None] | None = None,
@@ -297,8 +192,6 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         out.timings["total"] = time.monotonic() - t0
         out.round_trips = getattr(host, "round_trips", 0)
         return out
-
-    from ddtree_ops.wheel import build
 
     plugin = build() if mode == "ddtree-shadow" else None
     if dry_run:
@@ -349,20 +242,6 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         return _transaction(host, p, mode, rendered, layout, pf, plugin, kg, state.current, out, finish, abort)
 
 
-def refusal(question: str, what: str, *, assume_yes: bool, confirm: Callable[[str], bool] | None,
-            stop: Callable[[], bool] | None) -> str | None:
-    """Why a change must not start now (no way to ask, not confirmed, interrupted), or None; `what`
-    names what would change ("a host", "hosts")."""
-    if not assume_yes:
-        if confirm is None:
-            return f"refusing to change {what} without confirmation: pass --yes (stdin is not a terminal)"
-        if not confirm(question):
-            return "not confirmed; nothing changed"
-    if stop is not None and stop():
-        return STOPPED
-    return None
-
-
 def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: Layout, pf: Preflight,
                  plugin: Any, kg: str | None, current: str | None, out: Outcome,
                  finish: Callable[[], Outcome], abort: Callable[[], bool] | None = None) -> Outcome:
@@ -388,7 +267,7 @@ def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
         output.say(f"{p.name}: installed {rid}, restarting {p.service.unit}; gating")
         result = gating.run_gate(host, p, mode, cursor=started.cursor,
                                  previous_invocation=started.previous_invocation,
-                                 on_progress=_progress(mode, abort))
+                                 on_progress=gate_progress(mode, abort))
         out.gate = result
         out.timings["gate"] = result.elapsed_s
         if result.passed:
@@ -416,10 +295,9 @@ def _transaction(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
         # the connection dropped mid-change: reconnect and roll back now; if the host stays out of
         # reach, the pending record on it lets the next deploy or rollback repair it
         out.reason = f"the connection dropped while installing {rid}: {exc}"
-        if not _reconnect(host):
-            out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
-            out.reason += (f". The host has a pending record for {rid}; run `ddtree-ops rollback "
-                           f"{p.name}` (or deploy again) once it is reachable: it finishes or rolls back that change.")
+        if not reconnect(host):
+            degrade(out, f". The host has a pending record for {rid}; run `ddtree-ops rollback {p.name}` (or deploy "
+                         "again) once it is reachable: it finishes or rolls back that change.")
             return finish()
         output.warn(f"{p.name}: reconnected after the drop; rolling back to the known-good release")
         releases.apply(host, releases.set_status(Change(), layout, meta, "failed"), what="recording the failure")
@@ -436,8 +314,7 @@ def _roll_back_after_failure(host: Host, p: Profile, layout: Layout, kg: str | N
                              out: Outcome, finish: Callable[[], Outcome]) -> Outcome:
     release = _known_good_release(host, layout, kg)
     if release is None:
-        out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
-        out.reason += "; there is no known-good release on this host to roll back to"
+        degrade(out, "; there is no known-good release on this host to roll back to")
         return finish()
     try:
         t_rb = time.monotonic()
@@ -445,37 +322,28 @@ def _roll_back_after_failure(host: Host, p: Profile, layout: Layout, kg: str | N
         out.rollback_gate = rb
         out.timings["rollback"] = time.monotonic() - t_rb
     except (HostError, OpsError) as exc:
-        out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
-        out.reason += f"; rollback to {kg} could not run: {exc}"
+        degrade(out, f"; rollback to {kg} could not run: {exc}")
         return finish()
-    if rb.passed:
-        out.exit_code, out.result = DeployExit.ROLLED_BACK, "rolled-back"
-        out.reason += f"; rolled back to {kg}, which is healthy again"
-    else:
-        out.exit_code, out.result = DeployExit.DEGRADED, "degraded"
-        out.reason += f"; rollback to {kg} ALSO FAILED: {rb.reason}"
+    settle_rollback(out, rb.passed, healthy=f"; rolled back to {kg}, which is healthy again",
+                    failed=f"; rollback to {kg} ALSO FAILED: {rb.reason}")
     return finish()
 
 
-def _reconnect(host: Host) -> bool:
-    reconnect = getattr(host, "reconnect", None)
-    if reconnect is None:
-        return False
-    try:
-        reconnect()
-    except HostError:
-        return False
-    return True
-
-
-def install_plugin(host: Host, p: Profile, plugin: Any) -> None:
-    path = f"/tmp/{plugin.filename}"
-    host.put(path, plugin.data, mode=0o644)
-    try:
-        res = host.run(remote.pip_install(p.service.python, path), sudo=True, timeout=300)
-        res.check(f"installing the ddtree plugin into {p.service.python}")
-    finally:
-        host.run(remote.remove(path), timeout=20)
+def needs_rollback(host: Host, p: Profile) -> tuple[bool, str]:
+    """Whether the host's last change did not pass, and why: a pending change, not running what is
+    recorded as known-good, or unhealthy."""
+    layout = Layout.for_service(p.service.state_dir, p.service.unit)
+    pending = releases.read_pending(host, layout)
+    if pending:
+        return True, f"an unfinished {pending.get('action')} of {pending.get('release_id')} is pending"
+    kg = releases.read_text(host, layout.known_good)
+    cur = releases.read_text(host, layout.current)
+    if kg and cur and kg != cur:
+        return True, f"running {cur}, not the known-good {kg}"
+    ok, detail = healthy_now(host, p)
+    if not ok:
+        return True, f"not healthy ({detail})"
+    return False, f"healthy on known-good {kg or cur or 'release'}; nothing to do"
 
 
 def rollback(host: Host, p: Profile, *, to: str | None = None, lock_wait_s: float = 0) -> Outcome:
@@ -504,12 +372,7 @@ def rollback(host: Host, p: Profile, *, to: str | None = None, lock_wait_s: floa
             return out
         out.gate = result
         if result.passed:
-            done = Change().mark(layout.known_good, target)
-            if pending and pending.get("release_id") not in (None, target):
-                failed = releases.load_release(host, layout, pending["release_id"])
-                if failed is not None:
-                    releases.set_status(done, layout, failed, "failed")
-            releases.apply(host, done, what="recording the rollback")
+            record_rollback(host, layout, target, pending)
             out.exit_code, out.result, out.reason = DeployExit.OK, "ok", f"{target} serving: {result.reason}"
         else:
             out.diagnosis, out.evidence = explain_failure(result)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class OpsError(Exception):
     """An expected failure with a message meant for the operator."""
@@ -27,3 +30,10 @@ class ProfileError(OpsError):
 
 class UsageError(OpsError):
     exit_code = 64
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str:
+    """` (did you mean 'x'?)` for a word close to a known one, else nothing: the hint a message about
+    a typo ends with."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -12,15 +12,13 @@ hosts.
     or after Ctrl-C / SIGTERM; a host already started always finishes: it passes or rolls back
     one table and one exit code (`exit_code`, pure)
 
-Sizes are Ansible's: a count or a share of all the targets (rounded down, at least one host per
-wave), and a ramp `1,5,25%` whose last step repeats. A failure is a host rolled back or degraded; a
-host refused at its own turn (its lock taken meanwhile, unreachable) changed nothing and is reported,
-not counted.
+The plan (sizes, waves, the budget, the exit code) is `fleet_plan.py`, pure. A failure is a host
+rolled back or degraded; a host refused at its own turn (its lock taken meanwhile, unreachable)
+changed nothing and is reported, not counted.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import signal
 import threading
@@ -28,128 +26,30 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
-from ddtree_ops import output
-from ddtree_ops.errors import OpsError, UsageError
+from ddtree_ops import deploy as transaction
+from ddtree_ops import output, releases
+from ddtree_ops.diagnose.classify import Scanner
+from ddtree_ops.errors import OpsError
+from ddtree_ops.fleet_plan import (DEGRADED, DRY_RUN, FAILED, NO_CHANGE, OK, REFUSED, ROLLED_BACK, SERVING_NEW,
+                                   SKIPPED, Rollout, Size, exit_code, parse_batch, parse_budget, plan_waves)
+from ddtree_ops.host import Host
+from ddtree_ops.lock import read_lock
+from ddtree_ops.preflight import Preflight, run_preflight
+from ddtree_ops.profile import Profile
+from ddtree_ops.releases import Layout
+from ddtree_ops.render import render
 from ddtree_ops.status import DeployExit
+from ddtree_ops.transaction import STOPPED, Outcome
+from ddtree_ops.wheel import build
 
-if TYPE_CHECKING:
-    from ddtree_ops.deploy import Outcome
-    from ddtree_ops.host import Host
-    from ddtree_ops.preflight import Preflight
-    from ddtree_ops.profile import Profile
+__all__ = ["Size", "Rollout", "parse_batch", "parse_budget", "plan_waves", "exit_code", "Target", "Checked",
+           "HostResult", "FleetOutcome", "Options", "deploy_fleet", "check_one", "across", "summary_lines", "causes",
+           "last_result", "shorten", "FAILED", "SERVING_NEW", "DRY_RUN", "SKIPPED"]
 
-Connect = Callable[["Profile"], AbstractContextManager["Host"]]
+Connect = Callable[[Profile], AbstractContextManager[Host]]
 T = TypeVar("T")
-
-# results of one host in a fleet deploy
-OK, NO_CHANGE, ROLLED_BACK, DEGRADED, REFUSED, SKIPPED, DRY_RUN = (
-    "ok", "no-change", "rolled-back", "degraded", "refused", "skipped", "dry-run")
-FAILED = (ROLLED_BACK, DEGRADED)
-SERVING_NEW = (OK, NO_CHANGE)
-
-
-# --------------------------------------------------------------------------- sizes and plans (pure)
-
-
-@dataclass(frozen=True)
-class Size:
-    """A number of hosts, or a share of all the targets."""
-
-    count: int = 0
-    percent: float | None = None
-
-    def of(self, total: int, *, at_least: int = 1) -> int:
-        n = self.count if self.percent is None else math.floor(total * self.percent / 100 + 1e-9)
-        return max(at_least, n)
-
-    def __str__(self) -> str:
-        return f"{self.percent:g}%" if self.percent is not None else str(self.count)
-
-
-def parse_size(text: str, *, option: str, zero: bool = False) -> Size:
-    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)(%?)\s*", text)
-    if m is None or (not m.group(2) and "." in m.group(1)):
-        raise UsageError(f"{option} {text!r}: expected a number of hosts (3) or a share of them (25%)")
-    value = float(m.group(1))
-    if m.group(2):
-        if value > 100 or (value == 0 and not zero):
-            raise UsageError(f"{option} {text!r}: a share is {'0' if zero else 'above 0'} to 100%")
-        return Size(percent=value)
-    if value < (0 if zero else 1):
-        raise UsageError(f"{option} {text!r}: at least {'0' if zero else '1'}")
-    return Size(count=int(value))
-
-
-def parse_batch(spec: str) -> tuple[Size, ...]:
-    """`3`, `25%`, or a ramp `1,5,25%` (the last step repeats until every host has had its turn)."""
-    parts = [p for p in spec.split(",")]
-    if not spec.strip() or any(not p.strip() for p in parts):
-        raise UsageError(f"--batch {spec!r}: expected N, P% or a ramp such as 1,5,25%")
-    return tuple(parse_size(p, option="--batch") for p in parts)
-
-
-def parse_budget(spec: str) -> Size:
-    return parse_size(spec, option="--max-fail", zero=True)
-
-
-@dataclass(frozen=True)
-class Rollout:
-    canary: int = 1
-    batch: tuple[Size, ...] = (Size(percent=25.0),)
-    max_fail: Size = Size(0)
-    canary_stay_s: float | None = None  # the canary's own stay-healthy window (None: the profile's)
-    skip_refused: bool = False
-
-    def allowed_failures(self, total: int) -> int:
-        return self.max_fail.of(total, at_least=0)
-
-    def describe(self, total: int) -> str:
-        allowed = self.allowed_failures(total)
-        return (f"--canary {self.canary} --batch {','.join(map(str, self.batch))} --max-fail {self.max_fail} "
-                f"({allowed} failure{'s' if allowed != 1 else ''} allowed of {total})")
-
-
-def plan_waves(hosts: Sequence[str], rollout: Rollout, classes: Mapping[str, str] | None = None) -> list[list[str]]:
-    """Wave 0 is the canary (empty with --canary 0); the rest follow in the given order.
-
-    Canaries are taken across GPU classes in turn (`classes`: host -> class), so a canary of 2 over
-    A6000 and Blackwell hosts tries one of each: a release that breaks one class shows on its canary."""
-    hosts = list(dict.fromkeys(hosts))
-    total = len(hosts)
-    by_class: dict[str, list[str]] = {}
-    for h in hosts:
-        by_class.setdefault((classes or {}).get(h, ""), []).append(h)
-    canary: list[str] = []
-    queues = [list(v) for v in by_class.values()]
-    while len(canary) < min(rollout.canary, total):
-        for q in queues:
-            if q and len(canary) < rollout.canary:
-                canary.append(q.pop(0))
-    rest = [h for h in hosts if h not in canary]
-    waves = [canary]
-    step = 0
-    while rest:
-        size = rollout.batch[min(step, len(rollout.batch) - 1)].of(total)
-        waves.append(rest[:size])
-        rest = rest[size:]
-        step += 1
-    return waves
-
-
-def exit_code(results: Sequence[str]) -> int:
-    """0 every host serves the new release; 2 any host degraded; 3 nothing was changed anywhere
-    (refused before any change); 1 otherwise: not every host got the new release (rolled back,
-    refused or not started) and every host serves a known-good release."""
-    if any(r == DEGRADED for r in results):
-        return int(DeployExit.DEGRADED)
-    if all(r in SERVING_NEW or r == DRY_RUN for r in results):
-        return int(DeployExit.OK)
-    if all(r in (REFUSED, SKIPPED) for r in results):
-        return int(DeployExit.REFUSED)
-    return int(DeployExit.ROLLED_BACK)
-
 
 # --------------------------------------------------------------------------- results
 
@@ -240,14 +140,6 @@ class FleetOutcome:
                 "seconds": round(self.seconds, 3), "hosts": [h.to_json() for h in self.hosts]}
 
 
-def table(rows: Sequence[Sequence[str]]) -> list[str]:
-    """Aligned columns, the last one left ragged."""
-    if not rows:
-        return []
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]
-
-
 def summary_lines(out: FleetOutcome) -> list[str]:
     """The one table: a line per host."""
     rows = [("HOST", "WAVE", "RESULT", "TIME", "RELEASE", "CAUSE")]
@@ -255,7 +147,7 @@ def summary_lines(out: FleetOutcome) -> list[str]:
         wave = "-" if h.wave is None else ("canary" if h.wave == 0 else str(h.wave))
         rows.append((h.host, wave, h.result, f"{h.seconds:.1f}s" if h.seconds else "-", h.release or "-",
                      h.cause or "-"))
-    return table(rows)
+    return output.table(rows)
 
 
 # --------------------------------------------------------------------------- the run
@@ -283,13 +175,6 @@ def across(names: Sequence[str], fn: Callable[[str], T], *, jobs: int = 16) -> l
 
 def check_one(t: Target, mode: str, connect: Connect) -> Checked:
     """Lock, pending record, releases and the whole preflight of one host; changes nothing."""
-    from ddtree_ops import releases
-    from ddtree_ops.lock import read_lock
-    from ddtree_ops.preflight import run_preflight
-    from ddtree_ops.releases import Layout
-    from ddtree_ops.render import render
-    from ddtree_ops.wheel import build
-
     t0 = time.monotonic()
     p = t.profile
     rendered = render(p, mode)
@@ -406,7 +291,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     out.waves = plan_waves(plannable, opts.rollout, classes) if plannable else []
     wave_of = {h: i for i, w in enumerate(out.waves) for h in w}
     for c in refused:
-        out.hosts.append(HostResult(c.host, None, REFUSED, c.reason, _short(c.reason), c.current,
+        out.hosts.append(HostResult(c.host, None, REFUSED, c.reason, shorten(c.reason), c.current,
                                     by_name[c.host].release_id, c.known_good, c.seconds))
     if refused and not opts.rollout.skip_refused:
         out.stopped = (f"{len(refused)} host(s) would be refused; nothing was changed "
@@ -473,8 +358,6 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
 
 
 def _warm_gate() -> None:
-    from ddtree_ops.diagnose.classify import Scanner
-
     Scanner()
 
 
@@ -528,8 +411,6 @@ def _run_wave(wave: Sequence[str], index: int, by_name: Mapping[str, Target], ch
 
 
 def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Options, intr: Interrupts) -> HostResult:
-    from ddtree_ops.deploy import STOPPED, deploy
-
     p = t.profile
     if wave == 0 and opts.rollout.canary_stay_s is not None:
         p = p.model_copy(update={"gate": p.gate.model_copy(update={"stay_healthy_s": opts.rollout.canary_stay_s})})
@@ -539,7 +420,7 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
     with output.captured(t.name, echo=opts.verbose) as log:
         try:
             with connect(p) as h:
-                o = deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,
+                o = transaction.deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,
                            lock_wait_s=opts.lock_wait_s, stop=lambda: intr.stop, abort=lambda: intr.abort)
             res.outcome = o
             res.result, res.reason = o.result, o.reason
@@ -554,13 +435,13 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
         except OpsError as exc:  # the lock is held, the host is out of reach, an earlier change is stuck
             res.result = DEGRADED if exc.exit_code == DeployExit.DEGRADED else REFUSED
             res.reason = str(exc)
-            res.cause = _short(str(exc).removeprefix(f"{t.name}: "))
+            res.cause = shorten(str(exc).removeprefix(f"{t.name}: "))
             res.release = None if res.result == DEGRADED else c.current
         except Exception as exc:  # noqa: BLE001 - a bug must not hide the other hosts' outcomes
             res.result, res.release = DEGRADED, None
             res.reason = f"internal error: {type(exc).__name__}: {exc} (the pending record on the host, if any, " \
                          f"lets `ddtree-ops rollback {t.name}` repair it)"
-            res.cause = _short(res.reason)
+            res.cause = shorten(res.reason)
     res.log = log
     res.seconds = time.monotonic() - t0
     return res
@@ -570,13 +451,13 @@ def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
     if o.result in SERVING_NEW:
         return "no changes" if o.result == NO_CHANGE else f"passed the gate in {o.timings.get('gate', 0):.1f}s"
     if o.result == REFUSED:
-        return _short(o.reason)
-    head = rc.get("label") if rc else _short(o.reason.split(";")[0].removeprefix("gate failed: "))
+        return shorten(o.reason)
+    head = rc.get("label") if rc else shorten(o.reason.split(";")[0].removeprefix("gate failed: "))
     tail = "rolled back" if o.result == ROLLED_BACK else "ROLLBACK FAILED"
     return f"{head}; {tail}"
 
 
-def _short(text: str, limit: int = 120) -> str:
+def shorten(text: str, limit: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

@@ -16,13 +16,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
 
-from ddtree_ops.host import Host, HostUnreachable, HttpUnavailable
+from ddtree_ops import remote
+from ddtree_ops.diagnose.classify import Scanner
+from ddtree_ops.host import Host, HostUnreachable, HttpUnavailable, RemoteTimeout
 from ddtree_ops.observe import JournalLine, UnitState, parse_journal_json, parse_systemctl_show
 from ddtree_ops.profile import Profile
+from ddtree_ops.smoke.parse import parse_generate
 
 SEP = "\x1e"
 RESTART_PENDING_S = 60.0  # from `systemctl start` to a new InvocationID: seconds, never minutes
@@ -176,8 +180,6 @@ def _line_for(lines: list[JournalLine], finding: Any) -> JournalLine | None:
 
 def smoke_request(host: Host, p: Profile, *, speculative: bool, timeout: float) -> SmokeResult:
     """The profile's smoke request; for speculative modes, proof that drafts are being accepted."""
-    from ddtree_ops.smoke import parse_generate
-
     body = {"text": p.smoke.prompt,
             "sampling_params": {"temperature": 0, "max_new_tokens": p.smoke.max_new_tokens}}
     try:
@@ -241,8 +243,6 @@ done
 
 
 def watch_argv(unit: str, cursor: str | None, poll_s: float) -> list[str]:
-    from ddtree_ops import remote
-
     return ["sh", "-c", WATCH, "sh", unit, f"{poll_s:g}", cursor or "", ",".join(remote.UNIT_PROPS),
             remote.JOURNAL_FIELDS]
 
@@ -266,9 +266,6 @@ def read_frame(watch: Any, timeout: float) -> tuple[UnitState, list[JournalLine]
 def run_gate(host: Host, p: Profile, mode: str, *, cursor: str | None, previous_invocation: str = "",
              on_progress: Callable[[GateState, Observation], None] | None = None,
              clock: Callable[[], float] = time.monotonic, deadline_s: float | None = None) -> GateResult:
-    from ddtree_ops.diagnose.classify import Scanner
-    from ddtree_ops.ssh import RemoteTimeout
-
     cfg = GateConfig(deadline_s=deadline_s or p.gate.startup_deadline_s, stay_s=p.gate.stay_healthy_s,
                      poll_s=p.gate.poll_interval_s, http_timeout_s=p.gate.http_timeout_s,
                      speculative=is_speculative(p, mode))
@@ -376,11 +373,6 @@ def run_service_gate(nodes: list[NodeStart], mode: str, *,
     """The gate of one multi-node service: every node's unit state and this start's journal in one
     loop (one watcher per node), rank 0's HTTP readiness, smoke request and stay window. A fatal
     line or a failed unit on any node fails the whole service at once."""
-    from contextlib import ExitStack
-
-    from ddtree_ops.diagnose.classify import Scanner
-    from ddtree_ops.ssh import RemoteTimeout
-
     p0 = nodes[0].profile
     cfg = GateConfig(deadline_s=deadline_s or p0.gate.startup_deadline_s, stay_s=p0.gate.stay_healthy_s,
                      poll_s=p0.gate.poll_interval_s, http_timeout_s=p0.gate.http_timeout_s,

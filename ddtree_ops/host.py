@@ -2,8 +2,9 @@
 
 Everything that decides is a pure function over observations; everything that observes or
 changes a host goes through `Host`. The SSH implementation lives in `ssh.py`, the local one (the
-tool on the GPU host itself, `host.transport: local`) in `local.py`; `connect` picks by profile.
-Unit tests inject fakes, integration tests use the lab hosts over real SSH.
+tool on the GPU host itself, `host.transport: local`) in `local.py`; `transport.connect` picks one
+by profile. This module names neither: the interface sits below its implementations. Unit tests
+inject fakes, integration tests use the lab hosts over real SSH.
 """
 
 from __future__ import annotations
@@ -83,6 +84,12 @@ class HttpUnavailable(OpsError):
     """Nothing answered on the service port (connection refused, reset, or timed out)."""
 
 
+class RemoteTimeout(OpsError):
+    """A command or a stream on the host gave nothing back in time (exit 3 before any change)."""
+
+    exit_code = 3
+
+
 @runtime_checkable
 class Host(Protocol):
     """A machine we deploy to. `argv` lists are quoted by the implementation, never by callers."""
@@ -127,15 +134,3 @@ class LineStream(Protocol):
 
     def __exit__(self, *exc: object) -> None:
         ...
-
-
-def connect(profile: Any, *, ssh_config: str | None = None, strict: bool | None = None) -> Host:
-    """The one connection a command uses for a host, by the profile's transport (use it as a
-    context manager)."""
-    if profile.host.transport == "local":
-        from ddtree_ops.local import LocalHost
-
-        return LocalHost(profile.name, use_sudo=profile.host.sudo)
-    from ddtree_ops.ssh import connect as ssh_connect
-
-    return ssh_connect(profile, ssh_config=ssh_config, strict=strict)

@@ -18,8 +18,7 @@ import time
 from typing import Any, Sequence
 
 from ddtree_ops.errors import OpsError
-from ddtree_ops.host import HttpResponse, HttpUnavailable, Result
-from ddtree_ops.ssh import RemoteTimeout
+from ddtree_ops.host import HttpResponse, HttpUnavailable, RemoteTimeout, Result
 
 
 class LocalHost:

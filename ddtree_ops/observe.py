@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Iterable
 
 from ddtree_ops import remote
+from ddtree_ops.diagnose.journal import parse_json_entry
 from ddtree_ops.host import Host
 
 
@@ -80,8 +80,6 @@ class JournalLine:
 def parse_journal_json(text: str) -> list[JournalLine]:
     """`journalctl -o json` output, one JournalLine per message line (tracebacks arrive as one
     multi-line MESSAGE or as one entry per line, depending on how the service writes)."""
-    from ddtree_ops.diagnose.journal import parse_json_entry
-
     out: list[JournalLine] = []
     for raw in text.splitlines():
         entry = parse_json_entry(raw) if raw.lstrip().startswith("{") else None
@@ -109,15 +107,6 @@ def unit_state(host: Host, unit: str) -> UnitState:
 
 def journal_cursor(host: Host, unit: str) -> str | None:
     return parse_cursor(host.run(remote.journal_cursor(unit), timeout=20).stdout)
-
-
-def journal_since(host: Host, unit: str, cursor: str | None) -> list[JournalLine]:
-    return parse_journal_json(host.run(remote.journal_after(unit, cursor), timeout=30).stdout)
-
-
-def only_invocation(lines: Iterable[JournalLine], invocation: str) -> list[JournalLine]:
-    """systemd's own lines about the unit carry INVOCATION_ID; the service's carry _SYSTEMD_..."""
-    return [ln for ln in lines if not invocation or not ln.invocation or ln.invocation == invocation]
 
 
 def read_files(host: Host, paths: list[str]) -> dict[str, bytes | None]:

@@ -6,12 +6,11 @@ and plain writes on stdout for data: unit text, JSON documents, Nagios lines.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -88,6 +87,16 @@ def data(text: str) -> None:
 
 def emit_json(doc: dict[str, Any]) -> None:
     """One JSON document on stdout, always carrying schema_version."""
+    import json  # ~4 ms, only when a document is printed: every command's --help goes through here
+
     body = {"schema_version": SCHEMA_VERSION, **doc}
     sys.stdout.write(json.dumps(body, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
+
+
+def table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """Aligned columns, the last one left ragged."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]

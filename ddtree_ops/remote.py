@@ -96,14 +96,6 @@ def remove_tree(path: str) -> Argv:
     return ["rm", "-rf", "--", path]
 
 
-def sync_dir(path: str) -> Argv:
-    return ["sync", "--", path]
-
-
-def list_dir(path: str) -> Argv:
-    return ["ls", "-1", "--", path]
-
-
 def cat(path: str) -> Argv:
     return ["cat", "--", path]
 
@@ -143,14 +135,6 @@ def env_run(env: dict[str, str], argv: Argv) -> Argv:
 def pip_install(python: str, wheel: str) -> Argv:
     return [python, "-m", "pip", "install", "--no-deps", "--no-index", "--force-reinstall",
             "--disable-pip-version-check", "--quiet", wheel]
-
-
-def boot_epoch() -> Argv:
-    return ["date", "+%s"]
-
-
-def kernel_log_since(epoch: int) -> Argv:
-    return ["journalctl", "--dmesg", "--since", f"@{epoch}", "--no-pager", "--quiet", "--output", "short-iso"]
 
 
 # ------------------------------------------------------------------ a multi-node service's steps

@@ -23,9 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from ddtree_ops import remote
+from ddtree_ops.config.paths import profiles_dir
 from ddtree_ops.errors import OpsError, UsageError
 from ddtree_ops.host import Host, Result
+from ddtree_ops.render import fill_template, systemd_command, template_dir
 from ddtree_ops.smoke import LOCK_PATH
+from ddtree_ops.ssh import ENV_SSH_CONFIG, ssh_config_path
 
 UNIT = "ddtree-smoke"
 SERVICE = f"{UNIT}.service"
@@ -133,9 +137,6 @@ class Spec:
 def default_spec(every: str = "5m", *, hosts: Sequence[str] = (), prom_file: str | None = None,
                  ping_url: str | None = None, ssh_config: str | None = None, user: str | None = None) -> Spec:
     """A spec for this machine: this ddtree-ops, these profiles, the operator's ssh_config."""
-    from ddtree_ops.profile import profiles_dir
-    from ddtree_ops.ssh import ENV_SSH_CONFIG, ssh_config_path
-
     # only an ssh_config named now is pinned; otherwise the runs read their own user's ~/.ssh/config
     # (under sudo, "~" here would be root's)
     named = ssh_config or os.environ.get(ENV_SSH_CONFIG)
@@ -176,15 +177,11 @@ def env_line(key: str, value: str) -> str:
 
 
 def _fill(name: str, values: dict[str, str], template: str | None) -> str:
-    from ddtree_ops.render import fill_template as fill, template_dir
-
     text = template if template is not None else (template_dir() / f"{name}.tmpl").read_text(encoding="utf-8")
-    return fill(text, values)
+    return fill_template(text, values)
 
 
 def _values(spec: Spec) -> dict[str, str]:
-    from ddtree_ops.render import systemd_command
-
     return {
         "hosts": ", ".join(spec.hosts) or "all hosts", "every": str(spec.every), "user": spec.user,
         "on_calendar": spec.every.on_calendar, "randomized_delay": f"{spec.every.randomized_delay}s",
@@ -276,8 +273,6 @@ def systemd_booted() -> bool:
 
 def apply(plan_: Plan, host: Host) -> list[Result]:
     """Write each file beside its target and rename it over (never half a unit), then run."""
-    from ddtree_ops import remote
-
     done = []
     for path, text in plan_.files:
         host.run(remote.mkdirs(os.path.dirname(path)), sudo=True, timeout=20).check(f"creating {os.path.dirname(path)}")

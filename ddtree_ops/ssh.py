@@ -30,25 +30,22 @@ from ddtree_ops.host import (
     HostUnreachable,
     HttpResponse,
     HttpUnavailable,
+    RemoteTimeout,
     Result,
     SudoPasswordRequired,
 )
+from ddtree_ops import output
 from ddtree_ops.errors import OpsError
+from ddtree_ops.profile import Profile, load_profile
 
 if TYPE_CHECKING:
     import paramiko
-
-    from ddtree_ops.profile import Profile
 
 ENV_SSH_CONFIG = "DDTREE_OPS_SSH_CONFIG"
 # paramiko logs every refused port-forward ("Secsh channel N open FAILED") through logging's
 # last-resort handler; the tool reports those itself (HttpUnavailable), so keep them quiet
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 SUDO_PASSWORD_HINTS = ("a password is required", "a terminal is required", "no tty present")
-
-
-class RemoteTimeout(OpsError):
-    exit_code = 3
 
 
 @dataclass(frozen=True)
@@ -134,8 +131,6 @@ class _Policy:
         with open(path, "a", encoding="ascii") as fh:  # the lock keeps parallel checks from interleaving lines
             fcntl.flock(fh, fcntl.LOCK_EX)
             fh.write(f"{name} {key.get_name()} {key.get_base64()}\n")
-        from ddtree_ops import output
-
         output.warn(f"{self.endpoint.alias}: recorded new host key {key.get_name()} {key.fingerprint} in {path}")
 
 
@@ -432,8 +427,6 @@ def _reason(exc: BaseException | None) -> str:
 def connect(profile: Profile | str, *, ssh_config: str | None = None, strict: bool | None = None) -> SSHHost:
     """Open the one connection a command uses for a host (use it as a context manager)."""
     if isinstance(profile, str):
-        from ddtree_ops.profile import load_profile
-
         profile = load_profile(profile)
     path = ssh_config_path(ssh_config)
     endpoint = resolve(profile.host.ssh_host, config_path=path, user=profile.host.user, port=profile.host.port)

@@ -16,6 +16,10 @@ class DeployExit(IntEnum):
     REFUSED = 3  # refused before any change (unreachable, lock held, preflight)
 
 
+# the result word of a deploy or rollback, host or service alike (its JSON document's "result")
+OK, NO_CHANGE, DRY_RUN, ROLLED_BACK, DEGRADED, REFUSED = "ok", "no-change", "dry-run", "rolled-back", "degraded", "refused"
+
+
 class DiagnoseExit(IntEnum):
     HEALTHY = 0
     WARNINGS = 1

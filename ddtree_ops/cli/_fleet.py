@@ -2,44 +2,23 @@
 
 Used by `deploy`, `rollback`, `history`, `lock status` and `diagnose` when they are given a group or
 several hosts; a single host keeps its single-host command and output. stdout carries the table (or
-the one JSON document), stderr the people-lines.
+the one JSON document), stderr the people-lines. The library (pydantic, through the profile) is
+imported inside each function, so importing this module for `--help` costs nothing.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Optional, Sequence
+
+from ddtree_ops import output
+from ddtree_ops.cli import _common
+from ddtree_ops.cli._common import profiles_of
+from ddtree_ops.config.hostnames import compress
+from ddtree_ops.errors import UsageError
 
 if TYPE_CHECKING:
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.fleet import FleetOutcome
-    from ddtree_ops.host import Host
-    from ddtree_ops.inventory import Inventory
-    from ddtree_ops.profile import Profile
-
-
-def is_single(inv: "Inventory", names: Sequence[str]) -> bool:
-    """One plain host name (not a group, a glob, a range or an exclusion)."""
-    return len(names) == 1 and not inv.is_group(names[0]) and not any(c in names[0] for c in "*?[!")
-
-
-def connector(ssh_config: Optional[str]) -> Callable[["Profile"], "Host"]:
-    from ddtree_ops.host import connect
-
-    return lambda p: connect(p, ssh_config=ssh_config)
-
-
-def profiles_of(inv: "Inventory", names: Sequence[str], overrides: Sequence[str] = ()) -> list[tuple[str, "Profile"]]:
-    """Every target's profile, or every problem of every target at once (exit 64, nothing touched)."""
-    from ddtree_ops.errors import ProfileError
-
-    out, problems = [], []
-    for name in inv.resolve(names):
-        try:
-            out.append((name, inv.profile(name, overrides)))
-        except ProfileError as exc:
-            problems += exc.problems
-    if problems:
-        raise ProfileError(list(dict.fromkeys(problems)))
-    return out
 
 
 # --------------------------------------------------------------------------- deploy
@@ -48,9 +27,8 @@ def profiles_of(inv: "Inventory", names: Sequence[str], overrides: Sequence[str]
 def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: str, overrides: Sequence[str], rollout: Any,
                 dry_run: bool, yes: bool, force_restart: bool, lock_wait: float, verbose: bool, as_json: bool,
                 ssh_config: Optional[str]) -> int:
+    # the library loads pydantic (profiles) and the transaction: only when the command runs
     from ddtree_ops import fleet
-    from ddtree_ops.cli._common import confirm, interactive
-    from ddtree_ops.errors import UsageError
     from ddtree_ops.render import render
 
     hosts = profiles_of(inv, names, overrides)
@@ -65,16 +43,17 @@ def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: str, overrides:
                              f"({p.gate.startup_deadline_s:g})")
         targets.append(fleet.Target(name, p, render(p, mode).release_id, f"{p.gpu.model} {p.gpu.arch}"))
     opts = fleet.Options(mode, rollout, dry_run=dry_run, assume_yes=yes, force_restart=force_restart,
-                         confirm=confirm if interactive() and not as_json else None, lock_wait_s=lock_wait,
+                         confirm=_common.confirm if _common.interactive() and not as_json else None,
+                         lock_wait_s=lock_wait,
                          verbose=verbose)
-    out = fleet.deploy_fleet(targets, connector(ssh_config), opts, requested=names)
+    out = fleet.deploy_fleet(targets, _common.connector(ssh_config), opts, requested=names)
     show_fleet(out, as_json=as_json)
     return out.exit_code
 
 
 def show_fleet(out: "FleetOutcome", *, as_json: bool) -> None:
-    from ddtree_ops import fleet, output
-    from ddtree_ops.inventory import compress
+    # fleet imports the transaction (pydantic): only when a fleet command runs
+    from ddtree_ops import fleet
 
     if as_json:
         output.emit_json(out.to_json())
@@ -103,12 +82,12 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
                   ssh_config: Optional[str]) -> int:
     """Every host among the targets whose last change did not pass (pending, not on its known-good
     release, or unhealthy), checked side by side, then rolled back side by side."""
-    from ddtree_ops import fleet, output
-    from ddtree_ops.cli.rollback import needs_rollback
-    from ddtree_ops.deploy import rollback
+    # the transaction loads pydantic (profiles): only when the command runs
+    from ddtree_ops import fleet
+    from ddtree_ops.deploy import needs_rollback, rollback
 
     hosts = dict(profiles_of(inv, names) if names else [(n, inv.profile(n)) for n in inv.hosts()])
-    connect = connector(ssh_config)
+    connect = _common.connector(ssh_config)
 
     def check(name: str) -> tuple[bool, str]:
         with connect(hosts[name]) as h:
@@ -138,17 +117,17 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
     docs, worst = [], 0
     for name, o, err in done:
         if o is None:
-            rows.append((name, "refused", "-", "-", fleet._short(err)))
+            rows.append((name, "refused", "-", "-", fleet.shorten(err)))
             docs.append({"command": "rollback", "host": name, "result": "refused", "exit_code": 3, "reason": err})
             worst = max(worst, 3)
             continue
-        rows.append((name, o.result, f"{o.timings.get('total', 0):.1f}s", o.release_id or "-", fleet._short(o.reason)))
+        rows.append((name, o.result, f"{o.timings.get('total', 0):.1f}s", o.release_id or "-", fleet.shorten(o.reason)))
         docs.append(o.to_json() | {"command": "rollback"})
         worst = max(worst, int(o.exit_code))
     if as_json:
         output.emit_json({"command": "rollback", "hosts": docs})
     else:
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
     return worst
 
 
@@ -156,11 +135,12 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
 
 
 def history_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: Optional[str]) -> int:
-    from ddtree_ops import fleet, output
+    # the release records load pydantic (profiles): only when the command runs
+    from ddtree_ops import fleet
     from ddtree_ops.releases import Layout, history
 
     hosts = dict(profiles_of(inv, names))
-    connect = connector(ssh_config)
+    connect = _common.connector(ssh_config)
 
     def read(name: str) -> Any:
         p = hosts[name]
@@ -171,7 +151,7 @@ def history_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_c
     docs = []
     for name, got, err in fleet.across(list(hosts), read):
         if got is None:
-            rows.append((name, "?", "?", f"unreachable: {fleet._short(err, 60)}"))
+            rows.append((name, "?", "?", f"unreachable: {fleet.shorten(err, 60)}"))
             docs.append({"host": name, "error": err})
             continue
         rels, pending, audit = got
@@ -186,17 +166,18 @@ def history_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_c
     if as_json:
         output.emit_json({"command": "history", "hosts": docs})
     else:
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
     return 0
 
 
 def lock_status_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: Optional[str]) -> int:
-    from ddtree_ops import fleet, output
+    # the lock and release records load pydantic (profiles): only when the command runs
+    from ddtree_ops import fleet
     from ddtree_ops.lock import read_lock
     from ddtree_ops.releases import Layout
 
     hosts = dict(profiles_of(inv, names))
-    connect = connector(ssh_config)
+    connect = _common.connector(ssh_config)
 
     def read(name: str) -> Any:
         p = hosts[name]
@@ -208,7 +189,7 @@ def lock_status_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, s
     for name, got, err in fleet.across(list(hosts), read):
         if got is None:
             unknown += 1
-            rows.append((name, "unknown", fleet._short(err, 80)))
+            rows.append((name, "unknown", fleet.shorten(err, 80)))
             docs.append({"host": name, "held": None, "error": err})
             continue
         info = got[0]
@@ -218,7 +199,7 @@ def lock_status_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, s
     if as_json:
         output.emit_json({"command": "lock status", "hosts": docs})
     else:
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
     return 1 if held else (3 if unknown else 0)
 
 
@@ -232,14 +213,14 @@ _DIAGNOSE_RANK = {0: 0, 1: 1, 3: 2, 2: 3}
 def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str], as_json: bool,
                   ssh_config: Optional[str]) -> int:
     """A table of causes: hosts that share one are on one line; the evidence and remedy once each."""
-    from ddtree_ops import fleet, output
+    # the live diagnosis loads the catalogue and pydantic (profiles): only when the command runs
+    from ddtree_ops import fleet
     from ddtree_ops.diagnose import report as rpt
     from ddtree_ops.diagnose.live import diagnose_host
-    from ddtree_ops.inventory import compress
     from ddtree_ops.status import DiagnoseExit
 
     hosts = dict(profiles_of(inv, names))
-    connect = connector(ssh_config)
+    connect = _common.connector(ssh_config)
 
     def one(name: str) -> Any:
         with connect(hosts[name]) as h:
@@ -250,7 +231,7 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
     groups: dict[tuple[str, str], dict[str, Any]] = {}
     for name, got, err in fleet.across(list(hosts), one):
         if got is None:
-            key, doc = ("unreadable", fleet._short(err, 70)), {"host": name, "verdict": "unreadable", "error": err}
+            key, doc = ("unreadable", fleet.shorten(err, 70)), {"host": name, "verdict": "unreadable", "error": err}
             code = int(DiagnoseExit.UNREADABLE)
             evidence = remedy = ""
         else:
@@ -273,7 +254,7 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
     else:
         rows = [("VERDICT", "CAUSE", "N", "HOSTS")] + [
             (g["verdict"], g["cause"], str(len(g["hosts"])), compress(g["hosts"])) for g in ranked]
-        output.data("\n".join(fleet.table(rows)))
+        output.data("\n".join(output.table(rows)))
         for g in ranked:
             if g["evidence"]:
                 output.say(f"[bold]{output.escape(g['cause'])}[/] ({g['evidence_host']}, "

@@ -1,67 +1,41 @@
 """The commands on a multi-node service (profiles/services/<name>.yaml): deploy, rollback,
 diagnose, history, smoke and preflight over every node at once (ddtree_ops/service.py does the
-work; this renders it). Also the per-card preflight table every TP service shows."""
+work; this renders it). The library (pydantic, through the profile) is imported inside each
+function, so importing this module for `--help` costs nothing."""
 
 from __future__ import annotations
 
+import time
 from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from ddtree_ops.cli._common import RESULT_COLOUR
+from ddtree_ops import output
+from ddtree_ops.cli import _common
+from ddtree_ops.cli._show import MARKS, RESULT_COLOUR, show_checks
+from ddtree_ops.errors import OpsError
+from ddtree_ops.status import DiagnoseExit
 
 if TYPE_CHECKING:
-    from ddtree_ops.inventory import Inventory
-    from ddtree_ops.preflight import Preflight
-    from ddtree_ops.service import Service, ServiceOutcome
-
-MARKS = {"ok": "[green]ok  [/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
-
-
-def card_lines(pf: "Preflight", node: str = "") -> list[str]:
-    """One row per card the service owns: what preflight found, and what SGLang will have there."""
-    if len(pf.cards) < 2 and not node:
-        return []
-    rows = [("CARD", "RANK", "GPU", "TOTAL MiB", "FREE MiB", "SERVICE", "OTHERS", "FOR IT")]
-    for c in pf.cards:
-        rows.append((str(c.index), c.rank, c.name[:34], f"{c.total_mib:,}", f"{c.free_mib:,}", f"{c.ours_mib:,}",
-                     f"{c.others_mib:,}", f"{c.free_for_service:,}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    head = f"  {node} " if node else "  "
-    out = [head + "  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in rows]
-    if pf.memory is not None and pf.memory.cards > 1:
-        m = pf.memory
-        out.append(f"  per rank: {m.weights_gib + m.draft_weights_gib:.1f} GiB weights, KV pool {m.tokens:,} tokens "
-                   f"from the least free card ({m.free_before_load_gib:.1f} GiB)")
-    return out
-
-
-def show_checks(pf: "Preflight", node: str = "") -> None:
-    from rich.markup import escape
-
-    from ddtree_ops import output
-
-    for c in pf.checks:
-        output.say(f"  {MARKS[c.status]} {c.name:<13} {escape(c.detail)}")
-    for line in card_lines(pf, node):
-        output.err().print(line, markup=False, highlight=False)
+    from ddtree_ops.config.inventory import Inventory
+    from ddtree_ops.service import ServiceOutcome
+    from ddtree_ops.service_nodes import Service
 
 
 def load(inv: "Inventory", name: str, overrides: Sequence[str] = ()) -> "Service":
-    from ddtree_ops.service import Service
+    # the service's profiles are pydantic models: imported when a command runs
+    from ddtree_ops.service_nodes import Service
 
     return Service.load(inv, name, overrides)
 
 
 def _hosts(svc: "Service", ssh_config: Optional[str], stack: ExitStack) -> list[Any]:
-    from ddtree_ops.cli._fleet import connector
-    from ddtree_ops.service import connect_all
+    # the service transaction loads pydantic (profiles): imported when a command runs
+    from ddtree_ops.service_nodes import connect_all
 
-    return connect_all(svc, connector(ssh_config), stack)
+    return connect_all(svc, _common.connector(ssh_config), stack)
 
 
 def show_plan(out: "ServiceOutcome") -> None:
-    from ddtree_ops import output
-
     spf = out.service_preflight
     if spf is None:
         return
@@ -77,10 +51,7 @@ def show_plan(out: "ServiceOutcome") -> None:
 
 
 def show(out: "ServiceOutcome", *, as_json: bool, command: str = "deploy") -> None:
-    from rich.markup import escape
-
-    from ddtree_ops import output
-
+    escape = output.escape
     if as_json:
         output.emit_json(out.to_json() | {"command": command})
         return
@@ -106,7 +77,7 @@ def show(out: "ServiceOutcome", *, as_json: bool, command: str = "deploy") -> No
 
 def deploy(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], dry_run: bool, yes: bool,
            force_restart: bool, lock_wait: float, as_json: bool, ssh_config: Optional[str]) -> int:
-    from ddtree_ops.cli._common import confirm, interactive
+    # the service transaction loads pydantic (profiles): imported when the command runs
     from ddtree_ops.service import deploy_service
 
     svc = load(inv, name, overrides)
@@ -114,7 +85,7 @@ def deploy(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], 
     with ExitStack() as stack:
         hosts = _hosts(svc, ssh_config, stack)
         out = deploy_service(hosts, svc, mode, dry_run=dry_run, assume_yes=yes,
-                             confirm=confirm if interactive() and not as_json else None,
+                             confirm=_common.confirm if _common.interactive() and not as_json else None,
                              force_restart=force_restart, lock_wait_s=lock_wait,
                              on_plan=None if as_json else show_plan)
     show(out, as_json=as_json)
@@ -123,6 +94,7 @@ def deploy(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], 
 
 def rollback(inv: "Inventory", name: str, *, to: Optional[str], lock_wait: float, as_json: bool,
              ssh_config: Optional[str]) -> int:
+    # the service transaction loads pydantic (profiles): imported when the command runs
     from ddtree_ops.service import rollback_service
 
     svc = load(inv, name)
@@ -133,25 +105,15 @@ def rollback(inv: "Inventory", name: str, *, to: Optional[str], lock_wait: float
     return int(out.exit_code)
 
 
-def needs_rollback(inv: "Inventory", name: str, ssh_config: Optional[str]) -> tuple[bool, str]:
-    from ddtree_ops.service import needs_rollback as needs
-
-    svc = load(inv, name)
-    with ExitStack() as stack:
-        return needs(_hosts(svc, ssh_config, stack), svc)
-
-
 def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool, ssh_config: Optional[str]) -> int:
     """Every node's journal; the rank that failed first is the cause, the others' NCCL and store
     timeouts are its echo."""
-    from rich.markup import escape
-
-    from ddtree_ops import output
+    # the live diagnosis and the service load the catalogue and pydantic: imported when the command runs
     from ddtree_ops.diagnose import report as rpt
     from ddtree_ops.diagnose.live import diagnose_host
-    from ddtree_ops.errors import OpsError
-    from ddtree_ops.service import diagnosis_failures, each, first_failed
-    from ddtree_ops.status import DiagnoseExit
+    from ddtree_ops.service_nodes import diagnosis_failures, each, first_failed
+
+    escape = output.escape
 
     svc = load(inv, name)
     errors: list[str] = []
@@ -212,8 +174,8 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
 
 
 def history(inv: "Inventory", name: str, *, audit: int, as_json: bool, ssh_config: Optional[str]) -> int:
-    from ddtree_ops import output
-    from ddtree_ops.service import service_history
+    # the service loads pydantic (profiles): imported when the command runs
+    from ddtree_ops.service_nodes import service_history
 
     svc = load(inv, name)
     with ExitStack() as stack:
@@ -243,18 +205,16 @@ def history(inv: "Inventory", name: str, *, audit: int, as_json: bool, ssh_confi
 def smoke(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: Optional[str]) -> int:
     """One check per service: rank 0's smoke (health, request, acceptance) with every node's unit
     underneath; any node not running makes the service CRITICAL."""
-    from ddtree_ops import output
+    # smoke and the service load prometheus_client and pydantic: imported when the command runs
+    from ddtree_ops.service_nodes import read_node_states, smoke_service
     from ddtree_ops.smoke import nagios
     from ddtree_ops.smoke.runner import Target, check_host
-    from ddtree_ops.service import smoke_service, read_node_states
-    from ddtree_ops.cli._fleet import connector
-    import time
 
     results = []
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     for name in names:
         svc = load(inv, name)
-        rank0 = check_host(Target(svc.rank0.name, svc.rank0), connector(ssh_config))
+        rank0 = check_host(Target(svc.rank0.name, svc.rank0), _common.connector(ssh_config))
         with ExitStack() as stack:
             states = read_node_states(_hosts(svc, ssh_config, stack), svc)
         results.append(smoke_service(name, rank0, states))
@@ -268,9 +228,9 @@ def smoke(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: 
 
 def preflight(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], as_json: bool,
               ssh_config: Optional[str]) -> int:
-    from ddtree_ops import output
+    # rendering and the service load pydantic (profiles): imported when the command runs
     from ddtree_ops.render import render_service
-    from ddtree_ops.service import preflight_service
+    from ddtree_ops.service_preflight import preflight_service
     from ddtree_ops.wheel import build
 
     svc = load(inv, name, overrides)

@@ -17,7 +17,9 @@ os.environ.setdefault("TYPER_USE_RICH", "0")
 
 import typer  # noqa: E402  (must follow the environment default above)
 
-from ddtree_ops import __version__  # noqa: E402
+from typer._click.exceptions import ClickException, UsageError  # noqa: E402  (typer 0.29 carries click)
+
+from ddtree_ops import __version__, output  # noqa: E402
 from ddtree_ops.cli import (  # noqa: E402
     deploy,
     diagnose,
@@ -32,6 +34,7 @@ from ddtree_ops.cli import (  # noqa: E402
     schedule,
     smoke,
 )
+from ddtree_ops.errors import OpsError  # noqa: E402
 from ddtree_ops.status import INTERRUPTED, USAGE  # noqa: E402
 
 app = typer.Typer(
@@ -86,16 +89,15 @@ for _module in (deploy, rollback, diagnose, smoke, render, profile, preflight, h
     _module.register(app)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Entry point: maps usage errors to 64 and expected failures to their exit codes."""
-    from typer._click.exceptions import ClickException, UsageError
+def main(argv: list[str] | None = None, *, obj: object = None) -> None:
+    """Entry point: maps usage errors to 64 and expected failures to their exit codes.
 
-    from ddtree_ops.errors import OpsError
-
+    `obj` reaches every command as its context object: a Host factory (profile -> Host) that the
+    commands use instead of SSH (`cli/_common.connector`), as the contract tests inject a fake."""
     command = typer.main.get_command(app)
     try:
         rc = command.main(args=argv if argv is not None else sys.argv[1:],
-                          prog_name="ddtree-ops", standalone_mode=False)
+                          prog_name="ddtree-ops", standalone_mode=False, obj=obj)
     except UsageError as exc:
         exc.show()
         sys.exit(USAGE)
@@ -103,14 +105,10 @@ def main(argv: list[str] | None = None) -> None:
         exc.show()
         sys.exit(USAGE)
     except OpsError as exc:
-        from rich.markup import escape
-
-        from ddtree_ops import output
-
         # messages quote operator input (profile values, --set), which must print as typed, not as markup
-        output.fail(escape(str(exc)))
+        output.fail(output.escape(str(exc)))
         if exc.hint:
-            output.say(f"  hint: {escape(exc.hint)}")
+            output.say(f"  hint: {output.escape(exc.hint)}")
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")

@@ -10,7 +10,10 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from ddtree_ops.cli._common import RESULT_COLOUR, InventoryOpt, JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
+from ddtree_ops import output
+from ddtree_ops.cli import _common, _fleet, _service
+from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
+from ddtree_ops.cli._show import show_outcome, show_plan
 
 if TYPE_CHECKING:
     from ddtree_ops.deploy import Outcome
@@ -61,23 +64,18 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
 
     Example: ddtree-ops deploy a6000 pro6000 --mode dflash --canary 2 --batch 1,25% --max-fail 10% --yes
     """
-    from ddtree_ops.cli import _fleet
-    from ddtree_ops.cli._common import confirm, connect, interactive, service_target
-    from ddtree_ops.cli._common import inventory as load_inventory
-    from ddtree_ops.deploy import deploy
+    from ddtree_ops.deploy import deploy  # the transaction loads pydantic (profiles): only when the command runs
 
-    inv = load_inventory(profiles, inventory)
-    service = service_target(inv, targets)
+    inv = _common.inventory(profiles, inventory)
+    service = _common.service_target(inv, targets)
     if service is not None:
-        from ddtree_ops.cli import _service
-
         return _service.deploy(inv, service, mode=mode, overrides=set_ or [], dry_run=dry_run, yes=yes,
                                force_restart=force_restart, lock_wait=lock_wait, as_json=as_json,
                                ssh_config=ssh_config)
-    if not _fleet.is_single(inv, targets):
-        from ddtree_ops import fleet
+    if not _common.is_single(inv, targets):
+        from ddtree_ops.fleet_plan import Rollout, parse_batch, parse_budget  # its dataclasses: not for --help
 
-        rollout = fleet.Rollout(canary=canary, batch=fleet.parse_batch(batch), max_fail=fleet.parse_budget(max_fail),
+        rollout = Rollout(canary=canary, batch=parse_batch(batch), max_fail=parse_budget(max_fail),
                                 canary_stay_s=canary_stay, skip_refused=skip_refused)
         return _fleet.deploy_many(inv, targets, mode=mode, overrides=set_ or [], rollout=rollout, dry_run=dry_run,
                                   yes=yes, force_restart=force_restart, lock_wait=lock_wait, verbose=verbose,
@@ -85,61 +83,22 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
     host = targets[0]
     p = inv.profile(host, set_ or [])
     p.mode(mode)  # an unconfigured mode is a usage error before any connection
-    with connect(p, ssh_config) as h:
+    with _common.connect(p, ssh_config) as h:
         # the plan is printed when it is decided: before the confirmation, the restart and the gate
         out = deploy(h, p, mode, dry_run=dry_run, assume_yes=yes,
-                     confirm=confirm if interactive() and not as_json else None, force_restart=force_restart,
+                     confirm=_common.confirm if _common.interactive() and not as_json else None,
+                     force_restart=force_restart,
                      lock_wait_s=lock_wait, on_plan=None if as_json else show_plan)
     show(out, as_json=as_json)
     return int(out.exit_code)
 
 
-def show_plan(out: "Outcome") -> None:
-    """The preflight table, and the diff when the deploy may go ahead."""
-    from rich.markup import escape
-
-    from ddtree_ops import output
-
-    pf = out.preflight
-    if pf is None:
-        return
-    from ddtree_ops.cli._service import show_checks
-
-    output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
-    show_checks(pf)
-    if out.diff and pf.ok:
-        output.say("[bold]changes:[/]")
-        output.err().print(out.diff, markup=False, highlight=False, style=None)
-
-
 def show(out: "Outcome", *, as_json: bool) -> None:
-    """The outcome, after the plan (`show_plan`, printed while deploying) and the gate's progress.
-    Journal lines and reasons quoting them are text, never rich markup (a log's "[/...]" would crash it)."""
-    from rich.markup import escape
-
-    from ddtree_ops import output
-
+    """The outcome, after the plan (`show_plan`, printed while deploying) and the gate's progress."""
     if as_json:
         output.emit_json(out.to_json())
-        return
-    for e in out.events:
-        output.say(f"  {escape(e)}")
-    if out.diagnosis:
-        rc = out.diagnosis.get("root_cause")
-        if rc:
-            output.say(f"[bold red]root cause:[/] {rc.get('label')} (line {rc.get('line')}): "
-                       f"{escape(str(rc.get('evidence')))}")
-            if rc.get("remedy"):
-                output.say(f"[bold]remedy:[/] {escape(rc['remedy'])}")
-        if out.evidence:
-            output.say("[bold]journal of this start (last lines):[/]")
-            for line in out.evidence[-12:]:
-                output.err().print("  " + line, markup=False, highlight=False)
-    colour = RESULT_COLOUR.get(out.result, "white")
-    output.say(f"[{colour}]{out.result.upper()}[/] {out.host} {out.mode}: {escape(out.reason)}")
-    if out.result == "degraded":
-        output.say(f"[bold red]{out.host} IS DEGRADED:[/] it is not serving a verified release. "
-                   f"Inspect with `ddtree-ops diagnose {out.host}`; `ddtree-ops history {out.host}` lists releases.")
+    else:
+        show_outcome(out)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,16 +1,21 @@
 """`ddtree-ops diagnose HOST` / `ddtree-ops diagnose --log FILE|-`: name the root cause of a failure.
 
-Only typer and the standard library are imported here at module level (so `--help` is instant);
-the classifier, rich and the SSH layer are imported inside the command.
+Only typer, the standard library and the tool's light modules are imported here at module level (so
+`--help` is instant); the classifier, rich and the SSH layer are imported inside the command.
 Exit codes (DESIGN.md): 0 healthy, 1 warnings only, 2 failure found, 3 could not read; 64 usage.
 """
 
 from __future__ import annotations
 
+import sys
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common, _fleet, _service
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
+from ddtree_ops.errors import OpsError, UsageError
+from ddtree_ops.status import DiagnoseExit
 
 
 def register(app: typer.Typer) -> None:
@@ -33,34 +38,24 @@ def register(app: typer.Typer) -> None:
         A group: one line per cause, with the hosts that share it.
         Exit status: 0 healthy, 1 warnings only, 2 failure found, 3 could not read.
         """
-        from ddtree_ops.errors import UsageError
-
         if (host is None) == (log is None):
             raise UsageError("give exactly one of HOST or --log FILE|-",
                              hint="ddtree-ops diagnose ct129   or   ddtree-ops diagnose --log journal.txt")
         if log is not None:
             raise typer.Exit(_diagnose_log(log, json_out))
-        from ddtree_ops.cli import _fleet
-        from ddtree_ops.cli._common import inventory as load_inventory
-
-        inv = load_inventory(profiles, inventory)
+        inv = _common.inventory(profiles, inventory)
         if inv.is_service(host or ""):
-            from ddtree_ops.cli import _service
-
             raise typer.Exit(_service.diagnose(inv, host or "", mode=mode, as_json=json_out, ssh_config=ssh_config))
-        if not _fleet.is_single(inv, [host or ""]):
+        if not _common.is_single(inv, [host or ""]):
             raise typer.Exit(_fleet.diagnose_many(inv, [host or ""], mode=mode, as_json=json_out,
                                                   ssh_config=ssh_config))
         raise typer.Exit(_diagnose_host(host or "", json_out, mode, ssh_config, profiles, inventory))
 
 
 def _diagnose_log(path: str, json_out: bool) -> int:
-    import sys
-
-    from ddtree_ops import output
+    # the catalogue (yaml, regexes compiled) loads only when a diagnosis runs
     from ddtree_ops.diagnose import report as rpt
     from ddtree_ops.diagnose.classify import CatalogueError, classify_path, classify_stream
-    from ddtree_ops.status import DiagnoseExit
 
     source = "stdin" if path == "-" else path
     try:
@@ -95,18 +90,15 @@ def _diagnose_log(path: str, json_out: bool) -> int:
 
 def _diagnose_host(host: str, json_out: bool, mode: str | None, ssh_config: str | None,
                    profiles: str | None, inventory: str | None = None) -> int:
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import connect, load
+    # the live diagnosis loads the catalogue and pydantic (profiles): only when the command runs
     from ddtree_ops.diagnose import report as rpt
     from ddtree_ops.diagnose.live import diagnose_host
-    from ddtree_ops.errors import OpsError
-    from ddtree_ops.status import DiagnoseExit
 
-    profile = load(host, profiles=profiles, inventory_file=inventory)  # ProfileError -> 64 with every problem listed
+    profile = _common.load(host, profiles=profiles, inventory_file=inventory)  # ProfileError -> 64 with every problem listed
     if mode is not None:
         profile.mode(mode)  # an unconfigured mode is a usage error, said before connecting
     try:
-        with connect(profile, ssh_config) as conn:
+        with _common.connect(profile, ssh_config) as conn:
             diag = diagnose_host(conn, profile, mode)
     except OpsError as exc:
         output.fail(f"{host}: {exc}")

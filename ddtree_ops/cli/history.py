@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common, _fleet, _service
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
 
 
@@ -20,24 +22,19 @@ def history_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET", help=
 
     Example: ddtree-ops history a6000
     """
-    from ddtree_ops import output
-    from ddtree_ops.cli import _fleet
-    from ddtree_ops.cli._common import connect, service_target
-    from ddtree_ops.cli._common import inventory as load_inventory
+    # the release records load pydantic (profiles): imported when the command runs
     from ddtree_ops.releases import Layout, history
 
-    inv = load_inventory(profiles, inventory)
-    service = service_target(inv, targets)
+    inv = _common.inventory(profiles, inventory)
+    service = _common.service_target(inv, targets)
     if service is not None:
-        from ddtree_ops.cli import _service
-
         return _service.history(inv, service, audit=audit, as_json=as_json, ssh_config=ssh_config)
-    if not _fleet.is_single(inv, targets):
+    if not _common.is_single(inv, targets):
         return _fleet.history_many(inv, targets, as_json=as_json, ssh_config=ssh_config)
     host = targets[0]
     p = inv.profile(host)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
-    with connect(p, ssh_config) as h:
+    with _common.connect(p, ssh_config) as h:
         rels, pending, audit_lines = history(h, layout)
     if as_json:
         output.emit_json({"command": "history", "host": host, "releases": [r.__dict__ for r in rels],

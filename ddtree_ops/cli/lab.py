@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import typer
 
+from ddtree_ops import output
+
 lab_app = typer.Typer(help="Local lab hosts ct129, ct200 (and more with --hosts N): real systemd + sshd "
                            "containers with an SGLang stand-in (no GPU). Needs root.", no_args_is_help=True)
 
@@ -21,8 +23,7 @@ def up(no_seed: bool = typer.Option(False, "--no-seed", help="Boot the hosts wit
     the line that points the CLI at both, so `eval "$(ddtree-ops lab up)"` works.
     Example: ddtree-ops lab up --hosts 6
     """
-    from ddtree_ops import output
-    from ddtree_ops.lab import api
+    from ddtree_ops.lab import api  # psutil and the lab's machinery (~50 ms): not for --help
 
     t = api.up(count=hosts, seed=not no_seed, log=output.say)
     if t.get("total"):
@@ -38,8 +39,7 @@ def down() -> int:
 
     Example: ddtree-ops lab down
     """
-    from ddtree_ops import output
-    from ddtree_ops.lab import api
+    from ddtree_ops.lab import api  # psutil and the lab's machinery (~50 ms): not for --help
 
     api.down(log=output.say)
     return 0
@@ -52,15 +52,12 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON document
 
     Example: ddtree-ops lab status
     """
-    from ddtree_ops import output
-    from ddtree_ops.lab import api
+    from ddtree_ops.lab import api  # psutil and the lab's machinery (~50 ms): not for --help
 
     rows = api.status()
     ok = all(r.running and r.service == "active" for r in rows)
     if as_json:
-        from ddtree_ops.lab.paths import Paths
-
-        paths = Paths.default()
+        paths = api.Paths.default()
         output.emit_json({"command": "lab status", "ssh_config": str(paths.ssh_config),
                           "inventory": str(paths.inventory), "hosts": [r.__dict__ for r in rows]})
     else:
@@ -75,8 +72,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON document
 def env() -> int:
     """Print `export DDTREE_OPS_SSH_CONFIG=<lab ssh_config> DDTREE_OPS_INVENTORY=<lab inventory>` for
     `eval "$(ddtree-ops lab env)"`."""
-    from ddtree_ops import output
-    from ddtree_ops.lab import api
+    from ddtree_ops.lab import api  # psutil and the lab's machinery (~50 ms): not for --help
 
     output.data(api.env_line())
     return 0
@@ -98,8 +94,7 @@ def fault(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an 
 
     Example: ddtree-ops lab fault ct129 libcuda-missing && ssh -F ... ct129 systemctl restart sglang
     """
-    from ddtree_ops import output
-    from ddtree_ops.lab import api
+    from ddtree_ops.lab import api  # psutil and the lab's machinery (~50 ms): not for --help
 
     now = api.fault(host, name, every_start=every_start)
     output.say(f"{host}: faults now {', '.join(now) or 'none'}")

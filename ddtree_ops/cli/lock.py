@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common, _fleet
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
 
 lock_app = typer.Typer(help="Inspect or release a host's deploy lock.", no_args_is_help=True)
@@ -20,19 +22,16 @@ def status(targets: list[str] = typer.Argument(..., metavar="TARGET", help="A ho
 
     Example: ddtree-ops lock status ct200
     """
-    from ddtree_ops import output
-    from ddtree_ops.cli import _fleet
-    from ddtree_ops.cli._common import connect
-    from ddtree_ops.cli._common import inventory as load_inventory
+    # the lock and release records load pydantic (profiles): imported when the command runs
     from ddtree_ops.lock import read_lock
     from ddtree_ops.releases import Layout
 
-    inv = load_inventory(profiles, inventory)
-    if not _fleet.is_single(inv, targets):
+    inv = _common.inventory(profiles, inventory)
+    if not _common.is_single(inv, targets):
         return _fleet.lock_status_many(inv, targets, as_json=as_json, ssh_config=ssh_config)
     host = targets[0]
     p = inv.profile(host)
-    with connect(p, ssh_config) as h:
+    with _common.connect(p, ssh_config) as h:
         info = read_lock(h, Layout.for_service(p.service.state_dir, p.service.unit))
     if as_json:
         output.emit_json({"command": "lock status", "host": host, "held": info is not None,
@@ -49,14 +48,14 @@ def release(host: str = typer.Argument(...), ssh_config: Optional[str] = SshConf
 
     Example: ddtree-ops lock release ct200
     """
-    from ddtree_ops import output, releases
-    from ddtree_ops.cli._common import connect, load
+    # the lock and release records load pydantic (profiles): imported when the command runs
+    from ddtree_ops import releases
     from ddtree_ops.lock import read_lock, release_lock
     from ddtree_ops.releases import Layout
 
-    p = load(host, None, profiles, inventory)
+    p = _common.load(host, None, profiles, inventory)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
-    with connect(p, ssh_config) as h:
+    with _common.connect(p, ssh_config) as h:
         info = read_lock(h, layout)
         if info is None:
             output.say(f"{host}: the lock is not held")

@@ -6,7 +6,10 @@ from typing import Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common, _service
 from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SetOpt, SshConfigOpt
+from ddtree_ops.cli._show import show_checks
 
 
 def preflight_cmd(host: str = typer.Argument(...),
@@ -17,30 +20,23 @@ def preflight_cmd(host: str = typer.Argument(...),
 
     Example: ddtree-ops preflight ct129 --set memory.context_length=131072
     """
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import connect, load
+    # preflight and rendering load pydantic (profiles): imported when the command runs
     from ddtree_ops.preflight import run_preflight
     from ddtree_ops.releases import Layout
     from ddtree_ops.render import render
     from ddtree_ops.wheel import build
 
-    from ddtree_ops.cli._common import inventory
-
-    inv = inventory(profiles)
+    inv = _common.inventory(profiles)
     if inv.is_service(host):
-        from ddtree_ops.cli import _service
-
         return _service.preflight(inv, host, mode=mode, overrides=set_ or [], as_json=as_json, ssh_config=ssh_config)
-    p = load(host, set_, profiles)
+    p = _common.load(host, set_, profiles)
     rendered = render(p, mode)
     plugin = build().version if mode == "ddtree-shadow" else ""
-    with connect(p, ssh_config) as h:
+    with _common.connect(p, ssh_config) as h:
         pf = run_preflight(h, p, mode, rendered, Layout.for_service(p.service.state_dir, p.service.unit), plugin)
     if as_json:
         output.emit_json({"command": "preflight", "host": host, "mode": mode, **pf.to_json()})
     else:
-        from ddtree_ops.cli._service import show_checks
-
         show_checks(pf)
         output.say("[green]preflight passed[/]" if pf.ok else "[red]preflight refused[/]")
     return 0 if pf.ok else 3

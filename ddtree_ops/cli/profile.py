@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SetOpt
+from ddtree_ops.config.hostnames import compress
+from ddtree_ops.errors import ProfileError
 
 if TYPE_CHECKING:
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
     from ddtree_ops.profile import Profile
 
 profile_app = typer.Typer(help="Show or validate per-host profiles and groups.", no_args_is_help=True)
@@ -34,14 +39,9 @@ def show(host: str = typer.Argument(..., metavar="HOST|GROUP",
 
     Example: ddtree-ops profile show a6000
     """
-    import json
+    import yaml  # ~30 ms, for this command's text output only
 
-    import yaml
-
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import inventory as load_inventory
-
-    inv = load_inventory(profiles, inventory)
+    inv = _common.inventory(profiles, inventory)
     if inv.is_group(host):
         return _show_group(inv, host, set_ or [], as_json)
     p = inv.profile(host, set_ or [])
@@ -55,9 +55,7 @@ def show(host: str = typer.Argument(..., metavar="HOST|GROUP",
 
 
 def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: bool) -> int:
-    from ddtree_ops import output
-    from ddtree_ops.fleet import table
-    from ddtree_ops.inventory import compress, differences
+    from ddtree_ops.config.layers import differences  # yaml (~30 ms): only when the command runs
 
     hosts = inv.members(group)
     docs = {h: _redacted(inv.profile(h, overrides)) for h in hosts}
@@ -88,7 +86,7 @@ def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: boo
         own = [str(inv.host_files[h])] if h in inv.host_files else []
         own += [f"entry at {inv.listed[h]}"] if inv.entries.get(h) else []
         rows.append((h, ",".join(x for x in inv.groups_of(h) if x != "all"), ", ".join(own) or "-"))
-    output.data("\n".join(table(rows)))
+    output.data("\n".join(output.table(rows)))
     if not values:
         output.data(f"all {len(hosts)} resolve alike ({len(shared)} keys) apart from their names")
         return 0
@@ -97,13 +95,11 @@ def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: boo
         for i, (v, hs) in enumerate(by_value.items()):
             rows.append((key if i == 0 else "", v, compress(hs), ", ".join(dict.fromkeys(where(h, key) for h in hs))))
     output.data(f"what differs ({len(values)} of {len(values) + len(shared)} keys):")
-    output.data("\n".join(table(rows)))
+    output.data("\n".join(output.table(rows)))
     return 0
 
 
 def _value(v: object) -> str:
-    import json
-
     return json.dumps(v) if not isinstance(v, str) else v
 
 
@@ -116,14 +112,8 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
 
     Example: ddtree-ops profile validate
     """
-    from rich.markup import escape
-
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import inventory as load_inventory
-    from ddtree_ops.errors import ProfileError
-
     try:
-        inv = load_inventory(profiles, inventory)
+        inv = _common.inventory(profiles, inventory)
     except ProfileError as exc:  # a broken group file or inventory: every problem, then 64
         for problem in exc.problems:
             output.say(f"[red]error[/] {output.escape(problem)}")
@@ -140,7 +130,7 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
         except ProfileError as exc:
             results[name] = exc.problems
             for problem in exc.problems:
-                output.say(f"[red]error[/] {escape(problem)}")
+                output.say(f"[red]error[/] {output.escape(problem)}")
     if as_json:
         output.emit_json({"command": "profile validate",
                           "profiles": {k: {"ok": not v, "problems": v} for k, v in results.items()}})

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 from enum import Enum
 from typing import Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common
 from ddtree_ops.cli._common import JsonOpt, ProfilesOpt, SetOpt
 
 
@@ -26,13 +29,10 @@ def render_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.
 
     Example: ddtree-ops render ct129 --mode ddtree-shadow --what argv
     """
-    import shlex
-
-    from ddtree_ops import output
-    from ddtree_ops.cli._common import load
+    # rendering loads pydantic (profiles): imported when the command runs
     from ddtree_ops.render import render
 
-    p = load(host, set_, profiles)
+    p = _common.load(host, set_, profiles)
     r = render(p, mode or "ddtree-shadow")
     if as_json:
         output.emit_json({"command": "render", **r.manifest(), "unit_text": r.unit_text,

@@ -6,7 +6,11 @@ from typing import Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common, _fleet, _service
 from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfigOpt
+from ddtree_ops.cli._show import show_outcome
+from ddtree_ops.errors import UsageError
 
 
 def rollback_cmd(targets: Optional[list[str]] = typer.Argument(None, metavar="[TARGET]...",
@@ -29,54 +33,26 @@ def rollback_cmd(targets: Optional[list[str]] = typer.Argument(None, metavar="[T
 
     Example: ddtree-ops rollback a6000
     """
-    from ddtree_ops.cli import _fleet
-    from ddtree_ops.cli._common import connect, service_target
-    from ddtree_ops.cli._common import inventory as load_inventory
-    from ddtree_ops.cli.deploy import show
+    # the transaction loads pydantic (profiles): imported when the command runs
     from ddtree_ops.deploy import rollback
-    from ddtree_ops.errors import UsageError
 
-    inv = load_inventory(profiles, inventory)
+    inv = _common.inventory(profiles, inventory)
     names = targets or []
-    service = service_target(inv, names)
+    service = _common.service_target(inv, names)
     if service is not None:
-        from ddtree_ops.cli import _service
-
         return _service.rollback(inv, service, to=to, lock_wait=lock_wait, as_json=as_json, ssh_config=ssh_config)
-    if not _fleet.is_single(inv, names):
+    if not _common.is_single(inv, names):
         if to is not None:
             raise UsageError("--to needs one HOST (release ids belong to one host)")
         return _fleet.rollback_many(inv, names, lock_wait=lock_wait, as_json=as_json, ssh_config=ssh_config)
     p = inv.profile(names[0])
-    with connect(p, ssh_config) as h:
+    with _common.connect(p, ssh_config) as h:
         out = rollback(h, p, to=to, lock_wait_s=lock_wait)
     if as_json:
-        from ddtree_ops import output
-
         output.emit_json({"command": "rollback", "hosts": [out.to_json() | {"command": "rollback"}]})
     else:
-        show(out, as_json=False)
+        show_outcome(out)
     return int(out.exit_code)
-
-
-def needs_rollback(h: object, p: object) -> tuple[bool, str]:
-    """Pending change, or not running what is recorded as known-good, or unhealthy."""
-    from ddtree_ops import releases
-    from ddtree_ops.deploy import healthy_now
-    from ddtree_ops.releases import Layout
-
-    layout = Layout.for_service(p.service.state_dir, p.service.unit)  # type: ignore[attr-defined]
-    pending = releases.read_pending(h, layout)  # type: ignore[arg-type]
-    if pending:
-        return True, f"an unfinished {pending.get('action')} of {pending.get('release_id')} is pending"
-    kg = releases.read_text(h, layout.known_good)  # type: ignore[arg-type]
-    cur = releases.read_text(h, layout.current)  # type: ignore[arg-type]
-    if kg and cur and kg != cur:
-        return True, f"running {cur}, not the known-good {kg}"
-    ok, detail = healthy_now(h, p)  # type: ignore[arg-type]
-    if not ok:
-        return True, f"not healthy ({detail})"
-    return False, f"healthy on known-good {kg or cur or 'release'}; nothing to do"
 
 
 def register(app: typer.Typer) -> None:

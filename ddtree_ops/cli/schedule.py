@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from ddtree_ops import output
+
 sub = typer.Typer(help="Schedule smoke checks on this (control) machine: a systemd timer, or a cron line.",
                   no_args_is_help=True)
 
@@ -21,8 +23,9 @@ USER = typer.Option(None, "--user", help="Run the checks as this user (default: 
 
 def _spec(every: str, hosts: Optional[list[str]], prom_file: Optional[str], ping_url: Optional[str],
           ssh_config: Optional[str], user: Optional[str]):  # noqa: ANN202 - schedule.Spec, imported lazily
+    # schedule loads the smoke package, the inventory pydantic: imported when the command runs
     from ddtree_ops import schedule
-    from ddtree_ops.inventory import Inventory
+    from ddtree_ops.config.inventory import Inventory
 
     names = [h for item in hosts or [] for h in item.split(",") if h]
     if names:
@@ -38,7 +41,7 @@ def print_cmd(
     ping_url: Optional[str] = PING, ssh_config: Optional[str] = SSHCFG, user: Optional[str] = USER,
 ) -> int:
     """Print the timer and service units (or the cron line); changes nothing."""
-    from ddtree_ops import output, schedule
+    from ddtree_ops import schedule  # the smoke package (prometheus_client): not for --help
 
     spec = _spec(every, hosts, prom_file, ping_url, ssh_config, user)
     if cron:
@@ -57,7 +60,7 @@ def install_cmd(
     enable: bool = typer.Option(True, "--enable/--no-enable", help="Start the timer now and at boot."),
 ) -> int:
     """Verify, write and enable ddtree-smoke.timer + ddtree-smoke.service (needs systemd and root)."""
-    from ddtree_ops import output, schedule
+    from ddtree_ops import schedule  # the smoke package (prometheus_client): not for --help
 
     spec = _spec(every, hosts, prom_file, ping_url, ssh_config, user)
     plan = schedule.install(spec, root=root, enable=enable)

@@ -7,7 +7,10 @@ from typing import Optional
 
 import typer
 
+from ddtree_ops import output
+from ddtree_ops.cli import _common, _service
 from ddtree_ops.cli._common import InventoryOpt, ProfilesOpt
+from ddtree_ops.errors import UsageError
 
 HELP = """Check hosts the way a monitoring plugin does, changing nothing on them.
 
@@ -52,22 +55,19 @@ def register(app: typer.Typer) -> None:
         profiles: Optional[str] = ProfilesOpt,
         inventory: Optional[str] = InventoryOpt,
     ) -> int:
-        from ddtree_ops import host, output, smoke
-        from ddtree_ops.cli._common import inventory as load_inventory
+        # smoke loads prometheus_client and pydantic (profiles): imported when the command runs
+        from ddtree_ops import smoke
 
-        inv = load_inventory(profiles, inventory)
+        inv = _common.inventory(profiles, inventory)
         services = [n for n in hosts or [] if inv.is_service(n)]
         if services:
-            from ddtree_ops.cli import _service
-            from ddtree_ops.errors import UsageError
-
             if len(services) != len(hosts or []) or all_hosts:
                 raise UsageError("check multi-node services apart from hosts: ddtree-ops smoke SERVICE...")
             return _service.smoke(inv, services, as_json=json_out, ssh_config=ssh_config)
         targets = smoke.load_targets(hosts or [], all_hosts=all_hosts, overrides=overrides or [], profiles=profiles,
                                      inventory=inventory)
         outcome = smoke.run(
-            targets, lambda p: host.connect(p, ssh_config=ssh_config),
+            targets, _common.connector(ssh_config),
             lock_path=lock_file or smoke.default_lock_path(), state_dir=state_dir or smoke.default_state_dir(),
             prom_file=prom_file, ping_url=ping_url, jobs=jobs, record_golden=record_golden, warn=output.warn)
         if outcome.skipped:

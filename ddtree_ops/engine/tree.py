@@ -30,13 +30,17 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 import torch
 
-SCORE_BITS = 24                 # log-prob resolution: 2**-24 nats
-LP_FLOOR = -1000.0              # zero-probability tokens get a finite score so sums stay exact
-MAX_DEPTH = 32                  # |score| <= 32 * 1000 * 2**24 < 2**39
-MAX_BUDGET = 2048               # parent position * K + rank < 2**22 (the tie-break bits)
+from ddtree_ops.engine.tree_shape import LP_FLOOR, MAX_BUDGET, MAX_DEPTH, SCORE_BITS, budget_topk, staircase_pairs
+
+__all__ = ["SCORE_BITS", "LP_FLOOR", "MAX_DEPTH", "MAX_BUDGET", "INVALID", "DraftTopK", "Tree", "TreeBuilder",
+           "budget_topk", "staircase_pairs", "quantize_logprobs", "log_probs", "order_keys", "topk_of_logprobs",
+           "topk_logprobs", "draft_topk", "ancestor_matrix", "build_tree_heap", "select_tree", "fused_available",
+           "build_tree_vectorized", "draft_topk_fused", "build_tree_fused", "build_chain"]
+
 _LOW_BITS = 22
 _LOW_SCALE = 1 << _LOW_BITS     # key = score * 2**22 + tie-break (multiply, not shift: scores are negative)
 _LOW_MASK = _LOW_SCALE - 1
@@ -73,9 +77,7 @@ def log_probs(logits: torch.Tensor) -> torch.Tensor:
     a 1-ulp change in a normaliser can reorder near-tied paths). They match torch.log_softmax
     to about 1e-6. Elsewhere this is torch.log_softmax."""
     if logits.dim() == 2 and logits.shape[0] > 0 and fused_available(logits.device):
-        from ddtree_ops.engine import tree_kernels
-
-        stats = tree_kernels.log_softmax_stats(logits)
+        stats = _kernels().log_softmax_stats(logits)
         return (logits.float() - stats[:, 0:1]) - stats[:, 1:2]
     return torch.log_softmax(logits, dim=-1, dtype=torch.float32)
 
@@ -116,11 +118,6 @@ def draft_topk(draft_logits: torch.Tensor, k: int) -> DraftTopK:
         raise ValueError(f"draft horizon {draft_logits.shape[0]} exceeds the supported maximum {MAX_DEPTH}")
     tokens, scores = topk_logprobs(draft_logits, k)
     return DraftTopK(tokens=tokens, scores=scores)
-
-
-def budget_topk(budget: int, vocab: int) -> int:
-    """K = min(B, V): with a budget of B no node can sit at rank B or deeper."""
-    return max(1, min(int(budget), int(vocab)))
 
 
 @dataclass
@@ -215,22 +212,6 @@ def build_tree_heap(top: DraftTopK, budget: int, root_token: int) -> Tree:
 # the vectorised build (device, static shapes, no host sync)
 
 
-def staircase_pairs(budget: int, k: int) -> tuple[list[int], list[int]]:
-    """Candidate (beam position i, rank r) pairs that can still be in a depth's top B, ordered
-    by i then r.
-
-    With the beam sorted best first and ranks sorted best first, every (j, s) with j <= i and
-    s <= r comes no later than (i, r); so (i + 1) * (r + 1) > B means B others precede it.
-    That leaves about B * ln B candidates per depth instead of B * K.
-    """
-    pos, rank = [], []
-    for i in range(budget):
-        width = min(k, budget // (i + 1))
-        pos.extend([i] * width)
-        rank.extend(range(width))
-    return pos, rank
-
-
 @lru_cache(maxsize=64)
 def _pair_table(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     pos, rank = staircase_pairs(budget, k)
@@ -300,6 +281,13 @@ def fused_available(device: torch.device | str) -> bool:
 
 
 @lru_cache(maxsize=1)
+def _kernels() -> Any:
+    """The Triton kernels, loaded on first use: triton is imported only where they run."""
+    from ddtree_ops.engine import tree_kernels  # triton (seconds, CUDA only): never at import time
+
+    return tree_kernels
+
+
 def _triton_importable() -> bool:
     try:
         import triton  # noqa: F401
@@ -324,9 +312,7 @@ def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int, fused: b
     if budget <= 0 or top.depth == 0 or top.k == 0:
         return Tree(root(root_token), root(-1), root(0), root(0))
     if fused if fused is not None else (device.type == "cuda" and fused_available(device)):
-        from ddtree_ops.engine import tree_kernels
-
-        return _tree_from_nodes(tree_kernels.select_nodes(top.scores, top.tokens, budget, root(root_token)))
+        return _tree_from_nodes(_kernels().select_nodes(top.scores, top.tokens, budget, root(root_token)))
     tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, budget)
     n = int(valid.sum())                  # valid slots are a prefix (they sort first)
     return Tree(torch.cat([root(root_token), tokens[:n]]), torch.cat([root(-1), parents[:n]]),
@@ -335,14 +321,12 @@ def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int, fused: b
 
 def draft_topk_fused(draft_logits: torch.Tensor, k: int) -> DraftTopK:
     """`draft_topk` with the Triton top-K kernel (same log-probs, same order, same scores)."""
-    from ddtree_ops.engine import tree_kernels
-
     if draft_logits.dim() != 2:
         raise ValueError(f"draft logits must be [L, V], got shape {tuple(draft_logits.shape)}")
     if draft_logits.shape[0] > MAX_DEPTH:
         raise ValueError(f"draft horizon {draft_logits.shape[0]} exceeds the supported maximum {MAX_DEPTH}")
     k = max(0, min(int(k), int(draft_logits.shape[-1])))
-    tokens, scores = tree_kernels.topk_rows(draft_logits, k)
+    tokens, scores = _kernels().topk_rows(draft_logits, k)
     return DraftTopK(tokens=tokens, scores=scores)
 
 
@@ -389,18 +373,15 @@ class TreeBuilder:
         # and its visibility buffer, which every build zeroes (in the filter kernel) and marks
         self.vis: torch.Tensor | None = None
         if how == "fused":
-            from ddtree_ops.engine import tree_kernels
-
-            self.vis = torch.empty(tree_kernels.vis_bytes(budget), dtype=torch.int8, device=self.device)
+            self.vis = torch.empty(_kernels().vis_bytes(budget), dtype=torch.int8, device=self.device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: dict[str, torch.Tensor] = {}
 
     def _run(self) -> None:
         if self.how == "fused":
-            from ddtree_ops.engine import tree_kernels
-
-            tokens, scores = tree_kernels.topk_rows(self.logits, self.k, self.counters, clear=self.vis)
-            self.out = tree_kernels.select_nodes(scores, tokens, self.budget, self.root_token, vis=self.vis)
+            kernels = _kernels()
+            tokens, scores = kernels.topk_rows(self.logits, self.k, self.counters, clear=self.vis)
+            self.out = kernels.select_nodes(scores, tokens, self.budget, self.root_token, vis=self.vis)
             return
         top = draft_topk(self.logits, self.k)
         tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, self.budget, self.how)

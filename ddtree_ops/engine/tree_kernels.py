@@ -43,6 +43,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ddtree_ops.engine.tree_shape import staircase_pairs
+
 _MINK = tl.constexpr(-(2 ** 63))     # below every key: padding
 _MAXK = tl.constexpr(2 ** 63 - 1)
 _TIE = tl.constexpr(1 << 23)         # selection keys: score * 2**23 + tie bits
@@ -437,10 +439,8 @@ def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None,
 
 @functools.lru_cache(maxsize=64)
 def pair_tables(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`tree.staircase_pairs` as int32 tables; PLEN[n] is the number of pairs with i < n
+    """`tree_shape.staircase_pairs` as int32 tables; PLEN[n] is the number of pairs with i < n
     (n = 0..BP)."""
-    from ddtree_ops.engine.tree import staircase_pairs
-
     pi, pr = staircase_pairs(budget, k)
     bp = max(2, next_pow2(budget))
     plen = [bisect.bisect_left(pi, n) for n in range(bp + 1)]

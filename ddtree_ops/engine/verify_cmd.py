@@ -8,9 +8,13 @@ explained only when that gap is within `tie_eps`.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from ddtree_ops.errors import UsageError
 
 # Prompts that a small instruct model answers with some structure: lists, code, repetition.
 # Prompt-lookup drafting lives on that; free prose gives it little to match.
@@ -91,11 +95,6 @@ def encode_prompt(tok: Any, text: str) -> list[int]:
 def pair_prompts(target_dir: str) -> list[list[int]] | None:
     """The measurement prompts a trained pair was made with (`<pair>/prompts.json`, beside the
     target's directory), or None when there is no such file."""
-    import json
-    from pathlib import Path
-
-    from ddtree_ops.errors import UsageError
-
     path = Path(target_dir).expanduser().resolve().parent / "prompts.json"
     if not path.is_file():
         return None
@@ -115,6 +114,7 @@ def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: in
                progress: Any = None, draft: str | None = None, device: str = "cpu") -> VerifySummary:
     """`draft` None: n-gram drafting on `model_name`; else a trained DFlash draft for the target
     `model_name` (the pair's prompts.json when it has one). float32 on `device`."""
+    # torch and transformers (seconds): loaded here, once the CLI has checked they are installed
     import torch
 
     from ddtree_ops.engine.decoder import MODES, Decoder

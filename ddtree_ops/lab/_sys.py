@@ -41,10 +41,6 @@ def _found(name: str) -> bool:
     return shutil.which(name) is not None or os.path.exists(f"/usr/sbin/{name}")
 
 
-def missing_tools(names: Sequence[str] = tuple(REQUIRED)) -> list[str]:
-    return [n for n in names if not _found(n)]
-
-
 def missing_packages(found: Callable[[str], bool] = _found) -> list[str]:
     """The Debian packages whose commands are not on this machine, in REQUIRED's order."""
     return list(dict.fromkeys(pkg for cmd, pkg in REQUIRED.items() if not found(cmd)))

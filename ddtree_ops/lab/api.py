@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from ddtree_ops.config.inventory import Inventory
 from ddtree_ops.errors import UsageError
 from ddtree_ops.lab import _sys, machine, payload, tree
 from ddtree_ops.lab._sys import LabError
-from ddtree_ops.lab.machine import HOSTS, HostState, LabState
+from ddtree_ops.lab.hosts import HOSTS, MAX_HOSTS, address_of, inventory_text, lab_hosts
+from ddtree_ops.lab.machine import HostState, LabState
 from ddtree_ops.lab.paths import Paths
+from ddtree_ops.lab.seed import seed_nextn
+from ddtree_ops.ssh import connect as ssh_connect
 
 ENV_VAR = "DDTREE_OPS_SSH_CONFIG"
 ENV_INVENTORY = "DDTREE_OPS_INVENTORY"
@@ -49,8 +53,6 @@ def env_line(paths: Paths | None = None) -> str:
 def _profiles(hosts: Sequence[str], paths: Paths | None = None) -> dict[str, Any]:
     """ct129 and ct200 from their own profiles, the extra hosts from their class group
     (profiles/groups/a6000.yaml, pro6000.yaml) through the lab's inventory."""
-    from ddtree_ops.inventory import Inventory
-
     paths = paths or Paths.default()
     inv = Inventory.load(None, paths.inventory if paths.inventory.is_file() else "")
     return {h: inv.profile(h) for h in hosts}
@@ -63,18 +65,18 @@ def running_hosts(paths: Paths) -> list[str]:
 
 
 def _write_inventory(paths: Paths, hosts: Sequence[str]) -> None:
-    order = machine.lab_hosts(machine.MAX_HOSTS)
+    order = lab_hosts(MAX_HOSTS)
     ordered = sorted(hosts, key=lambda h: order.index(h) if h in order else len(order))
     paths.home.mkdir(parents=True, exist_ok=True)
     tmp = paths.inventory.with_suffix(".tmp")
-    tmp.write_text(machine.inventory_text(ordered, f"ddtree-ops lab up --hosts {len(ordered)}"))
+    tmp.write_text(inventory_text(ordered, f"ddtree-ops lab up --hosts {len(ordered)}"))
     os.replace(tmp, paths.inventory)
 
 
 def is_up(paths: Paths, hosts: Sequence[str] = HOSTS) -> bool:
     st = LabState.load(paths)
-    return bool(st) and all(h in st.hosts and machine._alive(st.hosts[h].nspawn_pid)
-                            and machine._tcp_open(st.hosts[h].address, 22) for h in hosts)
+    return bool(st) and all(h in st.hosts and machine.alive(st.hosts[h].nspawn_pid)
+                            and machine.tcp_open(st.hosts[h].address, 22) for h in hosts)
 
 
 def up(paths: Paths | None = None, *, hosts: Sequence[str] | None = None, count: int | None = None,
@@ -84,7 +86,7 @@ def up(paths: Paths | None = None, *, hosts: Sequence[str] | None = None, count:
     `count` hosts (ct129, ct200, then more of each class in turn), or exactly `hosts`. A lab that is
     up with fewer hosts grows: only the missing ones boot; the running ones are left as they are."""
     paths = paths or Paths.default()
-    hosts = list(hosts) if hosts else machine.lab_hosts(count or len(HOSTS))
+    hosts = list(hosts) if hosts else lab_hosts(count or len(HOSTS))
     _sys.require_root()
     _sys.require_tools(log=log)
     timings: dict[str, float] = {}
@@ -138,16 +140,12 @@ def up(paths: Paths | None = None, *, hosts: Sequence[str] | None = None, count:
 
 
 def _seed(paths: Paths, host: str, profile: Any) -> None:
-    from ddtree_ops.lab.seed import seed_nextn
-
     with connect(paths, host) as conn:
         seed_nextn(conn, profile)
 
 
 def connect(paths: Paths, host: str) -> Any:
     """The tool's own Host over SSH, through the lab's ssh_config."""
-    from ddtree_ops.ssh import connect as ssh_connect
-
     return ssh_connect(_profiles([host], paths)[host], ssh_config=str(paths.ssh_config), strict=True)
 
 
@@ -167,7 +165,7 @@ def down(paths: Paths | None = None, *, log: Log = print) -> float:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    if paths.run.exists() and not any(machine._is_mount(str(paths.host_root(n))) for n in names):
+    if paths.run.exists() and not any(machine.is_mount(str(paths.host_root(n))) for n in names):
         shutil.rmtree(paths.run, ignore_errors=True)
     took = time.monotonic() - t0
     if problems:
@@ -196,7 +194,7 @@ def status(paths: Paths | None = None) -> list[HostStatus]:
     for name in running_hosts(paths):
         h = state.hosts.get(name) if state else None
         if h is None:
-            out.append(HostStatus(name, machine.address_of(name), False, "down", "-", [], 0.0, 0.0))
+            out.append(HostStatus(name, address_of(name), False, "down", "-", [], 0.0, 0.0))
             continue
         init = machine.container_init(h.nspawn_pid)
         system = service = "-"
@@ -349,7 +347,7 @@ class Lab:
         return {ENV_VAR: str(self.paths.ssh_config), ENV_INVENTORY: str(self.paths.inventory)}
 
     def address(self, host: str) -> str:
-        return machine.address_of(host)
+        return address_of(host)
 
     def connect(self, host: str) -> Any:
         return connect(self.paths, host)
@@ -361,8 +359,6 @@ class Lab:
         fault(host, "clear", self.paths)
 
     def restore(self, host: str) -> None:
-        from ddtree_ops.lab.seed import seed_nextn
-
         self.clear(host)
         profile = _profiles([host], self.paths)[host]
         with self.connect(host) as conn:

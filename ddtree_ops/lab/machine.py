@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import signal
 import socket
@@ -25,13 +24,9 @@ import psutil
 
 from ddtree_ops.lab import _sys, payload, tree
 from ddtree_ops.lab._sys import LabError
+from ddtree_ops.lab.hosts import SUBNET, address_of
 from ddtree_ops.lab.paths import Paths
 
-HOSTS = ("ct129", "ct200")
-# the two GPU classes of the lab: group name -> first host number (ct129: RTX A6000, ct200: RTX PRO 6000)
-CLASSES = {"a6000": 129, "pro6000": 200}
-MAX_HOSTS = 64
-SUBNET = "10.200.0"
 BOOT_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
 
@@ -68,63 +63,6 @@ class LabState:
         tmp.write_text(json.dumps({"hosts": {k: asdict(v) for k, v in self.hosts.items()}, "started": self.started},
                                   indent=2))
         os.replace(tmp, paths.state)
-
-
-# lab hosts with two (simulated) cards, for tensor-parallel services: the extra RTX PRO 6000 hosts
-# (ct201, ct202, ...) are also in group pro6000x2 (profiles/groups/pro6000x2.yaml: gpu.count 2);
-# ct200 stays the one-card host of the story
-TWO_CARD_GROUP = "pro6000x2"
-
-
-def two_card(host: str) -> bool:
-    return class_of(host) == "pro6000" and host != "ct200"
-
-
-def lab_hosts(count: int) -> list[str]:
-    """ct129 and ct200, then more of each class in turn: ct130, ct201, ct131, ct202, ... (each extra
-    host costs about 280 MiB; the address comes from the number, as for the first two)."""
-    if not 1 <= count <= MAX_HOSTS:
-        raise LabError(f"--hosts {count}: the lab has 1 to {MAX_HOSTS} hosts")
-    out: list[str] = []
-    i = 0
-    while len(out) < count:
-        for first in CLASSES.values():
-            if len(out) < count:
-                out.append(f"ct{first + i}")
-        i += 1
-    return out
-
-
-def class_of(host: str) -> str:
-    n = int(re.sub(r"\D", "", host) or 0)
-    return "pro6000" if n >= CLASSES["pro6000"] else "a6000"
-
-
-def inventory_text(hosts: Sequence[str], command: str) -> str:
-    """The lab's Ansible inventory (YAML): group `lab` (every host, the classes in turn) with the
-    children `a6000` and `pro6000`, whose settings come from profiles/groups/<class>.yaml, and
-    `pro6000x2`: the two-card hosts among the RTX PRO 6000 ones."""
-    lines = [f"# ddtree-ops lab: written by `{command}` (an Ansible YAML inventory: ansible-inventory reads it too)",
-             "# groups: lab (every host), a6000 (RTX A6000, sm_86), pro6000 (RTX PRO 6000 Blackwell, sm_120)",
-             "all:", "  children:", "    lab:", "      hosts:"]
-    lines += [f"        {h}:" for h in hosts]
-    lines += ["      children:"]
-    for name in CLASSES:
-        members = [h for h in hosts if class_of(h) == name]
-        lines += [f"        {name}:", "          hosts:" if members else "          hosts: {}"]
-        lines += [f"            {h}:" for h in members]
-    two = [h for h in hosts if two_card(h)]
-    lines += [f"        {TWO_CARD_GROUP}:", "          hosts:" if two else "          hosts: {}"]
-    lines += [f"            {h}:" for h in two]
-    return "\n".join(lines) + "\n"
-
-
-def address_of(host: str) -> str:
-    digits = re.sub(r"\D", "", host)
-    n = int(digits) if digits else 0
-    if not 2 <= n <= 254:
-        n = 2 + sum(host.encode()) % 250
-    return f"{SUBNET}.{n}"
 
 
 def host_state(paths: Paths, host: str) -> HostState:
@@ -275,7 +213,7 @@ def write_ssh_files(paths: Paths, states: Sequence[HostState]) -> None:
 # --------------------------------------------------------------------------- process helpers
 
 
-def _alive(pid: int | None) -> bool:
+def alive(pid: int | None) -> bool:
     """Running and not a zombie (an exited container leaves one until reaped)."""
     if not pid:
         return False
@@ -301,7 +239,7 @@ def _comm(pid: int) -> str:
 
 def container_init(nspawn_pid: int | None) -> int | None:
     """The container's PID 1 (systemd) as this namespace numbers it."""
-    if not _alive(nspawn_pid):
+    if not alive(nspawn_pid):
         return None
     for pid in descendants(nspawn_pid or 0):
         if _comm(pid) == "systemd":
@@ -318,7 +256,7 @@ def _wait(pred: Any, timeout: float, step: float = 0.1) -> bool:
     return bool(pred())
 
 
-def _tcp_open(address: str, port: int) -> bool:
+def tcp_open(address: str, port: int) -> bool:
     try:
         with socket.create_connection((address, port), timeout=0.5):
             return True
@@ -366,10 +304,10 @@ def boot(paths: Paths, state: LabState, host: str, profile: Any) -> HostState:
 
 
 def wait_booted(paths: Paths, h: HostState, timeout: float = BOOT_TIMEOUT_S) -> None:
-    if not _wait(lambda: _tcp_open(h.address, 22) or not _alive(h.nspawn_pid), timeout):
+    if not _wait(lambda: tcp_open(h.address, 22) or not alive(h.nspawn_pid), timeout):
         raise LabError(f"{h.name}: sshd did not answer on {h.address}:22 within {timeout:g}s "
                        f"(console: {paths.logs / (h.name + '.console.log')})")
-    if not _alive(h.nspawn_pid):
+    if not alive(h.nspawn_pid):
         tail = (paths.logs / f"{h.name}.console.log").read_text(errors="replace").strip().splitlines()[-5:]
         raise LabError(f"{h.name}: systemd-nspawn exited during boot: {' | '.join(tail)}")
 
@@ -380,31 +318,31 @@ def stop_host(paths: Paths, h: HostState) -> list[str]:
     what could not be cleaned."""
     problems: list[str] = []
     pid = h.nspawn_pid
-    if _alive(pid):
+    if alive(pid):
         inner = descendants(pid or 0)
         os.kill(pid or 0, signal.SIGTERM)
-        if not _wait(lambda: not _alive(pid), STOP_TIMEOUT_S):
+        if not _wait(lambda: not alive(pid), STOP_TIMEOUT_S):
             for p in [pid, *inner]:
                 try:
                     os.kill(p or 0, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
-            if not _wait(lambda: not _alive(pid), 5):
+            if not _wait(lambda: not alive(pid), 5):
                 problems.append(f"{h.name}: systemd-nspawn (pid {pid}) did not exit")
     _reap(pid)
     problems += [f"{h.name}: cgroup {d} is still there" for d in remove_cgroups(h)]
-    if _is_mount(h.root):
+    if is_mount(h.root):
         res = _sys.run(["umount", h.root], timeout=30, check=False)
         if res.returncode != 0:
             _sys.run(["umount", "-l", h.root], timeout=30, check=False)
-        if _is_mount(h.root):
+        if is_mount(h.root):
             problems.append(f"{h.name}: {h.root} is still mounted")
     if Path(f"/run/netns/{h.netns}").exists():
         _sys.run(["ip", "netns", "del", h.netns], timeout=15, check=False)
     if Path(f"/sys/class/net/{h.veth}").exists():
         _sys.run(["ip", "link", "del", h.veth], timeout=15, check=False)
     tree.cleanup_nspawn_leftovers(h.name)
-    if not _is_mount(h.root):
+    if not is_mount(h.root):
         _sys.run(["rm", "-rf", "--one-file-system", str(paths.host_dir(h.name))], timeout=120, check=False)
     for what, gone in ((f"netns {h.netns}", not Path(f"/run/netns/{h.netns}").exists()),
                        (f"link {h.veth}", not Path(f"/sys/class/net/{h.veth}").exists())):
@@ -421,7 +359,7 @@ def _reap(pid: int | None) -> None:
         pass
 
 
-def _is_mount(path: str) -> bool:
+def is_mount(path: str) -> bool:
     try:
         with open("/proc/self/mountinfo") as fh:
             return any(line.split()[4] == path for line in fh)
@@ -443,7 +381,7 @@ def stray_nspawns(paths: Paths) -> list[int]:
 def memory_of(nspawn_pid: int | None) -> dict[str, int]:
     """RSS and PSS (bytes) of everything running in one host: its nspawn and all it started."""
     rss = pss = 0
-    if not _alive(nspawn_pid):
+    if not alive(nspawn_pid):
         return {"rss": 0, "pss": 0}
     for pid in [nspawn_pid or 0, *descendants(nspawn_pid or 0)]:
         try:

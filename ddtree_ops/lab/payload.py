@@ -15,6 +15,7 @@ import uuid
 from pathlib import Path
 
 from ddtree_ops.lab._sys import LabError
+from ddtree_ops.lab.hosts import MAX_HOSTS, address_of, lab_hosts
 
 HERE = Path(__file__).resolve().parent
 STANDIN = HERE / "standin"
@@ -25,7 +26,8 @@ DRIVER_VERSION = "570.172.08"
 CUDA_VERSION = "12.8"
 _COMPUTE_CAP = {"sm_80": "8.0", "sm_86": "8.6", "sm_89": "8.9", "sm_90": "9.0", "sm_100": "10.0", "sm_120": "12.0"}
 STANDIN_FILES = ("__init__.py", "simgpu.py", "nvidia_smi.py", "memory.py", "behaviour.py", "textgen.py",
-                 "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "hold.py", "squat.py", "ranks.py")
+                 "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "scheduler.py", "startup.py",
+                 "faults.py", "nodes.py", "serving.py", "hold.py", "squat.py", "ranks.py")
 README = """ddtree-ops LAB HOST (a container on the operator's machine, not a GPU host)
 
 Real: systemd (PID 1), journald, sshd, the sglang 0.5.23 package in /opt/sglang/venv (its argument
@@ -114,7 +116,5 @@ def install_host(root: Path, host: str, profile: object, *, host_key: Path, clie
     (ssh_dir / "authorized_keys").chmod(0o600)
     # every lab host's name, as a site's DNS would give them (a multi-node service's
     # --dist-init-addr names rank 0's host); this host's own name is its lab address
-    from ddtree_ops.lab.machine import MAX_HOSTS, address_of, lab_hosts
-
     names = "".join(f"{address_of(h)}\t{h}\n" for h in lab_hosts(MAX_HOSTS))
     (etc / "hosts").write_text(f"127.0.0.1\tlocalhost\n{names}::1\tlocalhost ip6-localhost ip6-loopback\n")

@@ -11,13 +11,12 @@ from typing import Any
 
 from ddtree_ops.host import Host, HttpUnavailable
 from ddtree_ops.lab._sys import LabError
+from ddtree_ops.render import render
 
 
 def seed_nextn(host: Host, profile: Any, *, timeout: float = 120.0) -> Any:
     """Install `render(profile, "nextn")` exactly as a deploy would write it, enable and start it, and
     wait until /health_generate answers 200. Returns the Rendered release."""
-    from ddtree_ops.render import render
-
     r = render(profile, "nextn")
     host.run(["mkdir", "-p", posixpath.dirname(r.env_path), posixpath.dirname(r.unit_path)]).check("mkdir")
     host.put(r.env_path, r.env_text.encode(), mode=0o600)

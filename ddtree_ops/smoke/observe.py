@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from ddtree_ops import observe
 from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host, HostError, HttpUnavailable
 from ddtree_ops.observe import UnitState
@@ -81,8 +82,6 @@ def observe_host(host: Host, p: Profile, *, previous: Previous | None = None,
     A failed probe becomes part of the observation (a verdict's input); only a lost SSH
     connection escapes, and the caller turns it into UNKNOWN.
     """
-    from ddtree_ops import observe
-
     port, unit_name = p.service.port, p.service.unit
     obs = Observation(host=p.name, unit_name=unit_name, previous=previous, golden=golden)
     try:

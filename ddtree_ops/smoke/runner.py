@@ -7,20 +7,19 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from ddtree_ops.errors import OpsError
+from ddtree_ops.config.inventory import Inventory
+from ddtree_ops.config.paths import profiles_dir
+from ddtree_ops.errors import OpsError, ProfileError, UsageError
 from ddtree_ops.host import HostError
+from ddtree_ops.profile import Profile, SmokeSection
 from ddtree_ops.smoke.judge import HostResult, judge, worst
 from ddtree_ops.smoke.nagios import PLUGIN, detail_lines, status_line, to_json
 from ddtree_ops.smoke.observe import Observation, observe_host
 from ddtree_ops.smoke.ping import Pinger
 from ddtree_ops.smoke.state import RunLock, StateStore
 from ddtree_ops.smoke.textfile import write_prom
-
-if TYPE_CHECKING:
-    from ddtree_ops.profile import Profile, SmokeSection
-
 
 Connect = Callable[["Profile"], Any]  # returns a context manager yielding a Host
 
@@ -55,8 +54,6 @@ def check_host(target: Target, connect: Connect, *, state: StateStore | None = N
 
 
 def _default_smoke() -> SmokeSection:
-    from ddtree_ops.profile import SmokeSection
-
     return SmokeSection()
 
 
@@ -81,10 +78,6 @@ def load_targets(names: Sequence[str], *, all_hosts: bool, overrides: Sequence[s
                  profiles: str | None = None, inventory: str | None = None) -> list[Target]:
     """Profiles for the named hosts and groups (or every host). A name that is neither is a usage
     error (exit 64, nothing checked); a profile that does not validate makes its host UNKNOWN."""
-    from ddtree_ops.errors import ProfileError, UsageError
-    from ddtree_ops.inventory import Inventory
-    from ddtree_ops.profile import profiles_dir
-
     inv = Inventory.load(profiles_dir(profiles), inventory)
     known = inv.hosts()
     if all_hosts and names:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labkit import run
 
 from ddtree_ops.deploy import deploy
 from ddtree_ops.host import HostKeyError, HostUnreachable, SudoPasswordRequired
@@ -35,9 +36,7 @@ def prof(host: str, *extra: str) -> Any:
 
 
 def cli(lab: Any, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config), "DDTREE_OPS_PROFILES": str(REPO / "profiles")}
-    return subprocess.run([sys.executable, "-m", "ddtree_ops", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return run(lab, *args, timeout=timeout)
 
 
 def layout_of(p: Any) -> Layout:

@@ -12,19 +12,16 @@ nothing pending).
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from labkit import start, tool
 
 pytestmark = pytest.mark.lab
-REPO = Path(__file__).resolve().parents[2]
-DDTREE_OPS = str(Path(sys.executable).parent / "ddtree-ops")
 HOSTS = ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]
 WAVES = [["ct129"], ["ct200", "ct130"], ["ct201", "ct131"], ["ct202"]]
 RUN = time.strftime("%H%M%S")  # a release of its own for each test of each run
@@ -50,18 +47,6 @@ def known_good_at_the_end(fleet: Any) -> Iterator[None]:
     rc, doc, err = tool(fleet, "rollback", "lab", "--json")
     assert (rc, doc["hosts"]) == (0, []), err
 
-
-def env(lab: Any) -> dict[str, str]:
-    return {**os.environ, **lab.env, "DDTREE_OPS_PROFILES": str(REPO / "profiles"), "NO_COLOR": "1"}
-
-
-def tool(lab: Any, *args: str, timeout: float = 400) -> tuple[int, Any, str]:
-    proc = subprocess.run([DDTREE_OPS, *args], capture_output=True, text=True, timeout=timeout, env=env(lab))
-    try:
-        doc = json.loads(proc.stdout) if "--json" in args else proc.stdout
-    except json.JSONDecodeError:
-        raise AssertionError(f"not one JSON document on stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}") from None
-    return proc.returncode, doc, proc.stderr
 
 
 def deploy_args(test: str, *extra: str) -> list[str]:
@@ -145,8 +130,7 @@ def test_max_fail_34_percent_goes_on_past_one_failure(fleet: Any) -> None:
 
 
 def _start(lab: Any, *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([DDTREE_OPS, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(lab))
+    return start(lab, *args)
 
 
 def _changed(lab: Any, host: str) -> bool:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from ddtree_ops.errors import UsageError
-from ddtree_ops.lab import _sys, api, machine, payload, tree
+from ddtree_ops.lab import _sys, api, hosts, machine, payload, tree
 from ddtree_ops.lab.paths import Paths
 
 
 def test_addresses_and_names() -> None:
-    assert machine.address_of("ct129") == "10.200.0.129" and machine.address_of("ct200") == "10.200.0.200"
+    assert hosts.address_of("ct129") == "10.200.0.129" and hosts.address_of("ct200") == "10.200.0.200"
     h = machine.host_state(Paths(Path("/x")), "ct129")
     assert (h.netns, h.veth, h.root) == ("ct129", "vh-ct129", "/x/run/ct129/root")
 
@@ -106,17 +106,36 @@ def test_recipe_id_is_stable_and_the_payload_is_complete() -> None:
     assert facts["compute_cap"] == "12.0" and facts["power_limit_w"] == 600 and facts["uuid"].startswith("GPU-")
 
 
-def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_path: Path) -> None:
-    from ddtree_ops.inventory import Inventory
+def test_the_payload_carries_every_module_the_standin_imports() -> None:
+    """The stand-in runs on the lab hosts from the copied files alone: a module of its own that
+    `server.py` (or `nvidia_smi.py`) reaches through a relative import and that is not copied would
+    fail there, at the first start."""
+    import ast
 
-    hosts = machine.lab_hosts(6)
-    assert hosts == ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]
-    assert [machine.address_of(h) for h in hosts[2:4]] == ["10.200.0.130", "10.200.0.201"]
+    todo, seen = ["server.py", "nvidia_smi.py"], set()
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((payload.STANDIN / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                names = [node.module] if node.module else [a.name for a in node.names]
+                todo += [f"{n}.py" for n in names if (payload.STANDIN / f"{n}.py").is_file()]
+    assert seen - set(payload.STANDIN_FILES) == set()
+
+
+def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_path: Path) -> None:
+    from ddtree_ops.config.inventory import Inventory
+
+    six = hosts.lab_hosts(6)
+    assert six == ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]
+    assert [hosts.address_of(h) for h in six[2:4]] == ["10.200.0.130", "10.200.0.201"]
     path = tmp_path / "inventory.yml"
-    path.write_text(machine.inventory_text(hosts, "ddtree-ops lab up --hosts 6"))
+    path.write_text(hosts.inventory_text(six, "ddtree-ops lab up --hosts 6"))
     inv = Inventory.load(Path(__file__).resolve().parents[2] / "profiles", path)
-    assert inv.members("lab") == hosts
+    assert inv.members("lab") == six
     assert inv.members("a6000") == ["ct129", "ct130", "ct131"] and inv.members("pro6000") == ["ct200", "ct201", "ct202"]
     assert (inv.profile("ct130").gpu.arch, inv.profile("ct202").gpu.arch) == ("sm_86", "sm_120")
     with pytest.raises(Exception, match="1 to 64"):
-        machine.lab_hosts(65)
+        hosts.lab_hosts(65)

@@ -14,35 +14,18 @@ tool itself (history, smoke, and each node's state in the JSON) must say so.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from labkit import tool
 
 pytestmark = pytest.mark.lab
-REPO = Path(__file__).resolve().parents[2]
-DDTREE_OPS = str(Path(sys.executable).parent / "ddtree-ops")
 RUN = time.strftime("%H%M%S")
 TP2 = ["--set", "parallel.tp_size=2", "--set", "gpus=[0, 1]"]
 PAIR = "pro6000-pair"
 NODES = ["ct201", "ct202"]
 
-
-def env(lab: Any) -> dict[str, str]:
-    return {**os.environ, **lab.env, "DDTREE_OPS_PROFILES": str(REPO / "profiles"), "NO_COLOR": "1"}
-
-
-def tool(lab: Any, *args: str, timeout: float = 400) -> tuple[int, Any, str]:
-    proc = subprocess.run([DDTREE_OPS, *args], capture_output=True, text=True, timeout=timeout, env=env(lab))
-    try:
-        doc = json.loads(proc.stdout) if "--json" in args else proc.stdout
-    except json.JSONDecodeError:
-        raise AssertionError(f"not one JSON document on stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}") from None
-    return proc.returncode, doc, proc.stderr
 
 
 def tag(test: str) -> list[str]:

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ddtree_ops.lab import api, machine
+from ddtree_ops.lab import api, hosts, machine
 from ddtree_ops.lab.machine import LabState
 
 pytestmark = pytest.mark.lab
@@ -18,11 +18,11 @@ pytestmark = pytest.mark.lab
 
 def leftovers(lab: Any, names: list[str], pids: list[int], cgroups: list[list[str]]) -> list[str]:
     paths = lab.paths
-    found = [f"pid {p} alive" for p in pids if machine._alive(p)]
+    found = [f"pid {p} alive" for p in pids if machine.alive(p)]
     found += [f"netns {n}" for n in names if Path(f"/run/netns/{n}").exists()]
     found += [f"link vh-{n}" for n in names if Path(f"/sys/class/net/vh-{n}").exists()]
     routes = subprocess.run(["ip", "route"], capture_output=True, text=True, timeout=10).stdout
-    found += [f"route {line}" for line in routes.splitlines() if line.startswith(machine.SUBNET + ".")]
+    found += [f"route {line}" for line in routes.splitlines() if line.startswith(hosts.SUBNET + ".")]
     found += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
               if str(paths.home) in line.split()[4]]
     found += [f"nspawn state {p}" for n in names for p in Path("/run/systemd/nspawn").glob(f"*/{n}")]

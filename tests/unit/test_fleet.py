@@ -16,7 +16,7 @@ import pytest
 
 from ddtree_ops import deploy as deploy_mod
 from ddtree_ops import fleet
-from ddtree_ops.deploy import STOPPED, Outcome
+from ddtree_ops.transaction import STOPPED, Outcome
 from ddtree_ops.errors import UsageError
 from ddtree_ops.fleet import Rollout, Size, exit_code, parse_batch, parse_budget, plan_waves
 from ddtree_ops.lock import LockHeld

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from ddtree_ops.errors import ProfileError, UsageError
-from ddtree_ops.inventory import Inventory, differences, expand, parse_ini, parse_yaml_inventory
+from ddtree_ops.config.ansible import parse_ini, parse_yaml_inventory
+from ddtree_ops.config.hostnames import expand
+from ddtree_ops.config.inventory import Inventory
+from ddtree_ops.config.layers import differences
 from ddtree_ops.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[2]

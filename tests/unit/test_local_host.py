@@ -12,10 +12,10 @@ from typing import Iterator
 import pytest
 
 from ddtree_ops.errors import ProfileError
-from ddtree_ops.host import Host, HttpUnavailable, connect
+from ddtree_ops.host import Host, HttpUnavailable, RemoteTimeout
 from ddtree_ops.local import LocalHost
 from ddtree_ops.profile import load_profile
-from ddtree_ops.ssh import RemoteTimeout
+from ddtree_ops.transport import connect
 
 REPO = Path(__file__).resolve().parents[2]
 

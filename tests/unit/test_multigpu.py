@@ -16,8 +16,8 @@ from ddtree_ops import memory
 from ddtree_ops.errors import ProfileError
 from ddtree_ops.gate import GateConfig, GateState, Status, service_verdict
 from ddtree_ops.gpu import Gpu, GpuApp, GpuSnapshot
-from ddtree_ops.inventory import Inventory
-from ddtree_ops.lab import machine
+from ddtree_ops.config.inventory import Inventory
+from ddtree_ops.lab import hosts as lab_hosts
 from ddtree_ops.preflight import FAIL, OK, WARN, Preflight, check_gpu, check_models
 from ddtree_ops.profile import load_profile
 from ddtree_ops.render import render, render_service
@@ -38,7 +38,7 @@ def profiles(tmp_path: Path) -> Path:
 def lab_inventory(tmp_path: Path) -> Path:
     """The lab's inventory for six hosts, as `lab up --hosts 6` writes it."""
     p = tmp_path / "inventory.yaml"
-    p.write_text(machine.inventory_text(machine.lab_hosts(6), "test"))
+    p.write_text(lab_hosts.inventory_text(lab_hosts.lab_hosts(6), "test"))
     return p
 
 
@@ -253,7 +253,7 @@ def test_a_model_that_fits_only_on_more_cards_is_refused_naming_the_tp_that_fits
 
 def failure(node: str, rank: int, when: float, label: str, role: str, raw: str = "") -> object:
     from ddtree_ops.diagnose.classify import Finding
-    from ddtree_ops.service import NodeFailure, tp_rank_of
+    from ddtree_ops.service_nodes import NodeFailure, tp_rank_of
 
     f = Finding(label=label, severity="fatal", line=1, text=label, evidence=label, remedy="", profile_key=None,
                 direction=None, rule_id=label, role=role)
@@ -261,7 +261,7 @@ def failure(node: str, rank: int, when: float, label: str, role: str, raw: str =
 
 
 def test_the_first_failing_rank_is_the_cause_not_the_nccl_timeouts_of_the_others() -> None:
-    from ddtree_ops.service import first_failed
+    from ddtree_ops.service_nodes import first_failed
 
     oom = failure("ct202", 1, 20.0, "cuda_oom", "cause", "[2026-12-01 17:46:19 TP1] Scheduler hit an exception")
     timeout = failure("ct201", 0, 5.0, "watchdog_timeout", "downstream")  # earlier, but an echo
@@ -291,7 +291,7 @@ def test_service_gate_verdict() -> None:
 
 
 def test_nodes_on_different_releases_are_not_consistent_and_smoke_says_critical() -> None:
-    from ddtree_ops.service import NodeState, consistent, smoke_service
+    from ddtree_ops.service_nodes import NodeState, consistent, smoke_service
     from ddtree_ops.smoke.judge import Check, HostResult
     from ddtree_ops.smoke.observe import Observation
     from ddtree_ops.status import NagiosExit
@@ -312,7 +312,7 @@ def test_nodes_on_different_releases_are_not_consistent_and_smoke_says_critical(
 
 def test_history_merges_every_node_under_one_release_row() -> None:
     from ddtree_ops.releases import ReleaseInfo
-    from ddtree_ops.service import merge_history
+    from ddtree_ops.service_nodes import merge_history
 
     def rel(rid: str, status: str, at: str, kg: bool = False, cur: bool = False) -> ReleaseInfo:
         return ReleaseInfo(release_id=rid, mode="nextn", status=status, created_at=at, by="t", known_good=kg,
@@ -326,7 +326,7 @@ def test_history_merges_every_node_under_one_release_row() -> None:
 
 
 def test_the_rank_of_a_traceback_is_its_records_prefix() -> None:
-    from ddtree_ops.service import rank_before
+    from ddtree_ops.service_nodes import rank_before
 
     lines = ["[2026-12-01 17:46:19 TP0] Load weight end.", "[2026-12-01 17:46:19 TP1] Scheduler hit an exception: "
              "Traceback (most recent call last):", '  File "x.py", line 1, in f', "torch.OutOfMemoryError: CUDA out"]
@@ -353,11 +353,12 @@ class RecordingHost:
 def test_rank_0_stops_first_and_starts_first(lab_inventory: Path) -> None:
     """Rank 0 is stopped first (its ShutdownReq stops the other nodes' schedulers) and started
     first (it hosts the TCPStore the others connect to)."""
-    from ddtree_ops.service import Service, _restart_in_order
+    from ddtree_ops.service import restart_in_order
+    from ddtree_ops.service_nodes import Service
 
     svc = Service.load(Inventory.load(REPO / "profiles", str(lab_inventory)), "pro6000-pair")
     log: list[tuple[str, str]] = []
-    starts = _restart_in_order([RecordingHost("ct201", log), RecordingHost("ct202", log)], svc)  # type: ignore[list-item]
+    starts = restart_in_order([RecordingHost("ct201", log), RecordingHost("ct202", log)], svc)  # type: ignore[list-item]
     steps = [(host, "stop" if "systemctl stop" in cmd else "start") for host, cmd in log]
     assert steps == [("ct201", "stop"), ("ct202", "stop"), ("ct201", "start"), ("ct202", "start")]
     assert [s.rank for s in starts] == [0, 1]

@@ -44,6 +44,7 @@ GRAPH_TIMING_PHASES = ("prefill", "decode", "target_verify", "draft_prefill", "d
 TREE_CACHE = ("Tree cache initialized: source=default impl=RadixCache hybrid_swa=False hybrid_ssm=False "
               "hierarchical=False streaming_wrapped=False")
 READY = "The server is fired up and ready to roll!"
+WARMUP_PROMPT = "The capital city of France is"  # source: the warmup request the launcher sends itself
 
 # ---------------------------------------------------------------- shutdown and crash handling
 SIGTERM_RECEIVED = "SIGTERM received. signum=None frame=None. Draining requests and shutting down..."

@@ -181,11 +181,6 @@ class Pool:
         # SGLang's sampler and attention backend grab right after capture
         return self.avail_after_graph > 256 * MIB
 
-    def used_when_serving(self) -> int:
-        """What nvidia-smi shows for the server once it is up (context included)."""
-        return self.total - self.others - self.avail_after_graph
-
-
 def size_pool(*, total_mib: int, others_mib: int, target_cfg: dict[str, Any], target_index: dict[str, Any] | None,
               draft_cfg: dict[str, Any] | None, kind: DraftKind, mem_fraction_static: float,
               kv_cache_dtype: str = "auto", page_size: int = 1, max_total_tokens: int | None = None,

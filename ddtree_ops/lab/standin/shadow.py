@@ -55,6 +55,7 @@ def plugin_mixin() -> tuple[Optional[type], str]:
             # the lab venv has no prometheus_client (SGLang depends on it): the plugin's gauges are
             # kept by a text-format recorder of the same interface
             sys.modules.setdefault("prometheus_client", _recorder_module())
+        # the ddtree plugin where it is installed: a lab host has it only after a ddtree-shadow deploy
         from ddtree_ops.engine.sglang_shadow import ShadowWorkerMixin
     except Exception as exc:  # noqa: BLE001 - an engine wheel of another version, a missing dependency
         return None, f"{type(exc).__name__}: {exc}"

@@ -60,11 +60,6 @@ def load_cards(path: Path = GPU_JSON) -> list[Card]:
     return [_card(c) for c in raw.get("cards") or [raw]]
 
 
-def load_card(path: Path = GPU_JSON) -> Card | None:
-    cards = load_cards(path)
-    return cards[0] if cards else None
-
-
 def visible_cards(cards: list[Card], env: str | None = None) -> list[Card]:
     """CUDA_VISIBLE_DEVICES as CUDA reads it: the listed physical indexes, renumbered 0..n-1 in that
     order (unset: every card). An index the host lacks ends the list there, as CUDA does."""

@@ -1,14 +1,61 @@
-"""Helpers for the lab tests: everything goes through the tool's own Host (real SSH)."""
+"""Helpers every lab test shares (tests/lab, tests/fleet, tests/deploy): the CLI run the way an
+operator runs it against the lab, and the lab hosts read through the tool's own Host (real SSH).
+
+Imported as `labkit` (tests/ is on sys.path: pytest puts the directory of tests/conftest.py there).
+Tests never read ../shared or /work/shared.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from ddtree_ops.host import HttpUnavailable
 
+REPO = Path(__file__).resolve().parents[1]
+
 UNIT = "sglang.service"
 PORT = 30000
+
+
+# --------------------------------------------------------------------------- the CLI against the lab
+
+
+def env(lab: Any) -> dict[str, str]:
+    """The operator's environment for the lab: its ssh_config and inventory, the shipped profiles."""
+    return {**os.environ, **lab.env, "DDTREE_OPS_PROFILES": str(REPO / "profiles"), "NO_COLOR": "1"}
+
+
+COMMAND = [sys.executable, "-m", "ddtree_ops"]  # `ddtree-ops`, from the tree under test
+
+
+def run(lab: Any, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    """`ddtree-ops ARGS...` in a process of its own, as an operator types it."""
+    return subprocess.run([*COMMAND, *args], capture_output=True, text=True, timeout=timeout, env=env(lab))
+
+
+def start(lab: Any, *args: str) -> subprocess.Popen[str]:
+    """`ddtree-ops ARGS...` started and left running (to be interrupted, or waited for)."""
+    return subprocess.Popen([*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env(lab))
+
+
+def tool(lab: Any, *args: str, timeout: float = 400) -> tuple[int, Any, str]:
+    """(exit code, stdout: the one JSON document with --json, else its text, stderr)."""
+    proc = run(lab, *args, timeout=timeout)
+    try:
+        doc = json.loads(proc.stdout) if "--json" in args else proc.stdout
+    except json.JSONDecodeError:
+        raise AssertionError(f"not one JSON document on stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}") from None
+    return proc.returncode, doc, proc.stderr
+
+
+# --------------------------------------------------------------------------- a lab host, read through Host
 
 
 def show(host: Any, *props: str, unit: str = UNIT) -> dict[str, str]:

@@ -1,0 +1,255 @@
+"""The deploy and rollback contract of DESIGN.md, held without root: exit codes and the `--json`
+document, through the CLI an operator types, against a fake Host injected as the command's `obj`.
+
+    deploy/rollback exit: 0 serving the new release and healthy; 1 failed, rolled back, healthy on
+    known-good; 2 failed and degraded; 3 refused before any change; Ctrl-C before any change: 130.
+
+The transaction under test is the real one (lock, preflight, release records, install, gate,
+rollback); only the host is a fake (tests/unit/fakehost.py): files, one systemd unit, its journal
+and HTTP in memory. The same commands against real systemd and sshd are the lab suite's
+(tests/deploy/test_deploy_lab.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fakehost import FakeHost, factory, records
+
+from ddtree_ops.cli.app import main
+from ddtree_ops.profile import Profile, load_profile
+from ddtree_ops.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+HOST = "ct129"
+UNIT = "/etc/systemd/system/sglang.service"
+# every deploy or rollback document carries these (DESIGN.md "Contracts"; cli/_show renders them)
+FIELDS = {"schema_version", "command", "host", "mode", "release_id", "result", "exit_code", "reason", "known_good",
+          "preflight", "gate", "rollback_gate", "diagnosis", "evidence", "timings_s", "ssh_round_trips", "events"}
+
+
+@pytest.fixture(autouse=True)
+def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("DDTREE_OPS_INVENTORY", "DDTREE_OPS_PROFILES", "DDTREE_OPS_SSH_CONFIG"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_COLOR", "1")
+
+
+@pytest.fixture
+def profiles(tmp_path: Path) -> Path:
+    """The shipped profiles, with ct129's stay-healthy window at 0 s: holding a window is the lab's
+    to test; here what counts is which way each outcome goes."""
+    d = tmp_path / "profiles"
+    shutil.copytree(REPO / "profiles", d)
+    with open(d / f"{HOST}.yaml", "a") as fh:
+        fh.write("\ngate:\n  stay_healthy_s: 0\n")
+    return d
+
+
+@pytest.fixture
+def profile(profiles: Path) -> Profile:
+    return load_profile(HOST, directory=profiles)
+
+
+@pytest.fixture
+def host(profile: Profile) -> FakeHost:
+    """ct129 as it was before the tool: the NEXTN service installed by hand, running, healthy."""
+    return FakeHost.serving(profile, "nextn")
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], profiles: Path, host: FakeHost) -> Any:
+    """`ddtree-ops ARGS --profiles DIR` with the fake host injected as the command's obj; returns
+    (exit code, the JSON document or None, stderr)."""
+
+    def run(*args: str) -> tuple[int, Any, str]:
+        with pytest.raises(SystemExit) as done:
+            main([*args, "--profiles", str(profiles)], obj=factory({host.name: host}))
+        out = capsys.readouterr()
+        return int(done.value.code), (json.loads(out.out) if out.out.strip() else None), out.err
+
+    return run
+
+
+def deploy(cli: Any, mode: str, *extra: str) -> tuple[int, Any, str]:
+    return cli("deploy", HOST, "--mode", mode, "--yes", "--json", *extra)
+
+
+def rollback(cli: Any, *extra: str) -> tuple[int, dict[str, Any], str]:
+    rc, doc, err = cli("rollback", HOST, "--json", *extra)
+    assert doc["schema_version"] == 1 and doc["command"] == "rollback" and len(doc["hosts"]) == 1, doc
+    return rc, doc["hosts"][0], err
+
+
+def release_of(p: Profile, mode: str) -> str:
+    return render(p, mode).release_id
+
+
+def contract(doc: dict[str, Any], rc: int, result: str) -> None:
+    """The document's shape, and its exit code the process's (a rollback's host entry sits in a
+    document whose schema_version `rollback()` checked)."""
+    fields = FIELDS - {"schema_version"} if doc.get("command") == "rollback" else FIELDS
+    assert fields <= set(doc), fields - set(doc)
+    assert doc.get("schema_version", 1) == 1
+    assert (rc, doc["exit_code"], doc["result"]) == (rc, rc, result), (doc["result"], doc["reason"])
+
+
+# ------------------------------------------------------------------ deploy
+
+
+def test_a_deploy_that_passes_exits_0_and_its_release_becomes_known_good(
+        cli: Any, host: FakeHost, profile: Profile) -> None:
+    rc, doc, _ = deploy(cli, "dflash")
+    contract(doc, rc, "ok")
+    assert rc == 0
+    rid = release_of(profile, "dflash")
+    assert (doc["command"], doc["host"], doc["mode"], doc["release_id"]) == ("deploy", HOST, "dflash", rid)
+    assert doc["known_good"] == rid and doc["gate"]["passed"] is True and doc["rollback_gate"] is None
+    assert doc["preflight"]["ok"] is True and doc["diagnosis"] is None
+    assert records(host) == {"known_good": rid, "current": rid, "pending": None}
+    assert host.text(UNIT) == render(profile, "dflash").unit_text
+
+
+def test_a_deploy_whose_gate_fails_is_rolled_back_and_exits_1_healthy_on_known_good(
+        cli: Any, host: FakeHost, profile: Profile) -> None:
+    host.broken = {"dflash"}
+    rc, doc, err = deploy(cli, "dflash")
+    contract(doc, rc, "rolled-back")
+    assert rc == 1
+    baseline = doc["known_good"]
+    assert baseline.startswith("baseline-")  # the service installed by hand, adopted on the first deploy
+    assert doc["gate"]["passed"] is False and doc["rollback_gate"]["passed"] is True
+    assert doc["diagnosis"]["root_cause"]["label"] == "cuda_lib_load"
+    assert any("libcuda.so.1" in line for line in doc["evidence"])
+    assert "which is healthy again" in doc["reason"]
+    # the host serves the known-good unit again, recorded as current, with nothing pending
+    assert records(host) == {"known_good": baseline, "current": baseline, "pending": None}
+    assert host.text(UNIT) == render(profile, "nextn").unit_text and host.unit.running
+    assert "rolling back to" in err
+
+
+def test_a_deploy_whose_rollback_fails_too_exits_2_degraded(
+        cli: Any, host: FakeHost) -> None:
+    host.broken = {"dflash", "nextn"}  # the baseline serves now; its next start fails as well
+    rc, doc, err = deploy(cli, "dflash")
+    contract(doc, rc, "degraded")
+    assert rc == 2
+    assert doc["gate"]["passed"] is False and doc["rollback_gate"]["passed"] is False
+    assert "ALSO FAILED" in doc["reason"]
+    assert not host.unit.running
+    assert "IS DEGRADED" not in err  # --json: the document alone on stdout; stderr has the progress only
+
+
+def test_a_deploy_refused_by_preflight_exits_3_and_changes_nothing(
+        cli: Any, host: FakeHost) -> None:
+    host.flags_refused = "launch_server.py: error: unrecognized arguments: --speculative-ddtree-budget 32"
+    before = dict(host.files)
+    rc, doc, _ = deploy(cli, "dflash")
+    contract(doc, rc, "refused")
+    assert rc == 3
+    assert doc["gate"] is None and doc["preflight"]["ok"] is False
+    assert [c["name"] for c in doc["preflight"]["checks"] if c["status"] == "fail"] == ["launch-flags"]
+    assert "unrecognized arguments" in doc["reason"]
+    assert host.changed_files(before) == [] and host.starts == 1  # nothing written, nothing restarted
+
+
+def test_a_deploy_refused_by_a_held_lock_exits_3_and_changes_nothing(
+        cli: Any, host: FakeHost) -> None:
+    lock = "/var/lib/ddtree-ops/sglang/lock/info.json"
+    host.files[lock] = json.dumps({"by": "alice@ops1", "pid": 4242, "since": "2026-12-01T10:00:00Z",
+                                   "command": "deploy ct129 --mode dflash", "control_host": "ops1"}).encode()
+    before = dict(host.files)
+    rc, doc, err = deploy(cli, "dflash")
+    assert (rc, doc) == (3, None)  # refused before the transaction began: no document
+    assert "deploy lock held by alice@ops1 (pid 4242)" in err and "--lock-wait" in err
+    assert host.changed_files(before) == [] and host.starts == 1
+
+
+def test_ctrl_c_while_the_new_release_is_gated_rolls_back_and_exits_1(
+        cli: Any, host: FakeHost) -> None:
+    host.interrupt = "gate"
+    rc, doc, err = deploy(cli, "dflash")
+    contract(doc, rc, "rolled-back")
+    assert rc == 1
+    assert doc["reason"].startswith("interrupted (Ctrl-C) after the unit was changed")
+    assert doc["rollback_gate"]["passed"] is True
+    assert records(host)["pending"] is None and host.unit.running
+    assert "rolling back to the known-good release" in err
+
+
+def test_ctrl_c_before_any_change_exits_130_and_changes_nothing(
+        cli: Any, host: FakeHost) -> None:
+    host.interrupt = "preflight"
+    before = dict(host.files)
+    rc, doc, _ = deploy(cli, "dflash")
+    assert (rc, doc) == (130, None)
+    # the lock it took is released again, and the host is as it was
+    assert host.changed_files(before) == [] and host.starts == 1
+    assert any(c.startswith("rm -rf -- /var/lib/ddtree-ops/sglang/lock") for c in host.commands)
+
+
+def test_a_deploy_cut_off_mid_change_is_finished_by_the_next_one(
+        cli: Any, host: FakeHost, profile: Profile) -> None:
+    """A deploy that died after installing its release (its pending record left on the host) is
+    resolved first by the next deploy: gated, and made known-good when it passes."""
+    assert deploy(cli, "nextn", "--force-restart")[0] == 0  # records the baseline as known-good
+    rid = release_of(profile, "dflash")
+    r = render(profile, "dflash")
+    host.files[r.unit_path], host.files[r.env_path] = r.unit_text.encode(), r.env_text.encode()
+    root = "/var/lib/ddtree-ops/sglang"
+    host.files[f"{root}/releases/{rid}/unit"], host.files[f"{root}/releases/{rid}/env"] = (
+        r.unit_text.encode(), r.env_text.encode())
+    host.files[f"{root}/releases/{rid}/meta.json"] = json.dumps({"release_id": rid, "mode": "dflash"}).encode()
+    host.files[f"{root}/pending.json"] = json.dumps({"release_id": rid, "action": "deploy", "by": "bob@ops1",
+                                                    "pid": 7, "started_at": "2026-12-01T10:00:00Z"}).encode()
+    rc, doc, err = deploy(cli, "dflash")
+    contract(doc, rc, "no-change")
+    assert rc == 0 and "did not finish" in err
+    assert doc["events"] == [f"finished the interrupted deploy: {rid} passed the gate"]
+    assert records(host) == {"known_good": rid, "current": rid, "pending": None}
+
+
+# ------------------------------------------------------------------ rollback
+
+
+def test_a_rollback_that_passes_exits_0_on_the_known_good_release(
+        cli: Any, host: FakeHost, profile: Profile) -> None:
+    deploy(cli, "dflash")
+    baseline = next(k.split("/")[-2] for k in host.files if "/releases/baseline-" in k and k.endswith("/unit"))
+    rc, doc, _ = rollback(cli, "--to", baseline)
+    contract(doc, rc, "ok")
+    assert rc == 0 and doc["release_id"] == baseline and doc["mode"] == "nextn" and doc["gate"]["passed"] is True
+    assert records(host) == {"known_good": baseline, "current": baseline, "pending": None}
+    assert host.text(UNIT) == render(profile, "nextn").unit_text
+
+
+def test_a_rollback_that_fails_its_gate_exits_2_degraded(cli: Any, host: FakeHost) -> None:
+    deploy(cli, "dflash")
+    host.broken = {"dflash"}  # the known-good release's next start fails
+    rc, doc, _ = rollback(cli)
+    contract(doc, rc, "degraded")
+    assert rc == 2
+    assert doc["gate"]["passed"] is False and doc["diagnosis"]["root_cause"]["label"] == "cuda_lib_load"
+    assert doc["reason"].startswith("rollback to dflash-")
+
+
+def test_a_rollback_with_nothing_to_return_to_is_refused_with_exit_3(
+        cli: Any, host: FakeHost) -> None:
+    before = dict(host.files)
+    rc, doc, _ = rollback(cli)
+    contract(doc, rc, "refused")
+    assert rc == 3 and "no known-good release recorded" in doc["reason"]
+    assert host.changed_files(before) == [] and host.starts == 1
+
+
+def test_the_human_output_names_the_outcome_on_stderr_and_keeps_stdout_empty(
+        cli: Any, host: FakeHost) -> None:
+    host.broken = {"dflash", "nextn"}
+    rc, doc, err = cli("deploy", HOST, "--mode", "dflash", "--yes")
+    assert (rc, doc) == (2, None)
+    assert "DEGRADED ct129 dflash:" in err and "ct129 IS DEGRADED:" in err
+    assert "root cause: cuda_lib_load" in err
