@@ -13,6 +13,7 @@ from typing import Any
 
 from ddtree_ops import memory
 from ddtree_ops.draftcheck import check_compat, check_target_layer_ids, judge_capture
+from ddtree_ops.engine.sglang_settings import version_problem
 from ddtree_ops.gpu import GpuSnapshot, card_verdicts, driver_verdict, snapshot
 from ddtree_ops.host import Host, Result
 from ddtree_ops.hostsglang import SGLANG_CHECK, sglang_check  # noqa: F401  (SGLANG_CHECK: tests run it)
@@ -472,8 +473,6 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
         if verdict.status != "skip":
             pf.add("capture", verdict.status, verdict.detail)
     if algo:
-        from ddtree_ops.engine.sglang_settings import version_problem
-
         installed = doc.get("ddtree-ops")
         alg = doc.get("algorithm") or {}
         unsupported = version_problem(doc["sglang"])

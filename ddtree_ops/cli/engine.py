@@ -107,6 +107,7 @@ def verify(
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: torch sees no CUDA device here")
     if draft is not None:
+        # torch (seconds): the draft's config checks live beside its torch code
         from ddtree_ops.engine.dflash import DraftSpec, read_config
 
         spec = DraftSpec.from_config(read_config(Path(draft)), str(Path(draft) / "config.json"))

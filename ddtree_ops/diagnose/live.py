@@ -15,8 +15,10 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ddtree_ops import remote
+from ddtree_ops import memory, remote
 from ddtree_ops.diagnose.classify import Finding, Report, Scanner, choose_root, load_catalogue, verdict_of
+from ddtree_ops.diagnose.journal import parse_json_entry
+from ddtree_ops.draftcheck import check_target_layer_ids as draft_layer_rule
 from ddtree_ops.gpu import Gpu, GpuApp, parse_smi_apps, parse_smi_gpus
 
 if TYPE_CHECKING:
@@ -158,8 +160,6 @@ class Entry:
 
 
 def parse_journal_entries(text: str) -> list[Entry]:
-    from ddtree_ops.diagnose.journal import parse_json_entry
-
     out: list[Entry] = []
     for raw in text.splitlines():
         if not raw.lstrip().startswith("{"):
@@ -224,9 +224,7 @@ class Check:
 def check_target_layer_ids(draft_cfg: dict[str, Any] | None, target_cfg: dict[str, Any] | None) -> tuple[Check, Finding | None]:
     """The draft's dflash_config.target_layer_ids against what the target captures
     (`ddtree_ops.draftcheck.check_target_layer_ids`, the rule preflight uses too)."""
-    from ddtree_ops.draftcheck import check_target_layer_ids as rule
-
-    res = rule(draft_cfg, target_cfg)
+    res = draft_layer_rule(draft_cfg, target_cfg)
     check = Check("draft target_layer_ids", res.status, res.detail)
     if res.status in ("ok", "skip"):
         return check, None
@@ -547,8 +545,6 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
 
 def predict_memory(host: Host, profile: Profile, mode: str | None, diag: LiveDiagnosis) -> Any:
     """What preflight would predict for this start, from the same files and today's GPU."""
-    from ddtree_ops import memory
-
     target_cfg = _read_json(host, f"{profile.service.model_path}/config.json")
     if target_cfg is None or not diag.gpus:
         return None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ddtree_ops import output
 from ddtree_ops.status import DiagnoseExit
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ def _finding_line(f: Finding) -> str:
 
 def render(report: Report, *, source: str, console: Console | None = None,
            live: LiveDiagnosis | None = None) -> None:
-    from ddtree_ops import output
-
     con = console or output.err()
     style = _VERDICT_STYLE.get(report.verdict, "bold")
     con.print(f"[{style}]{report.verdict.upper()}[/]  {_esc(source)}  ({report.lines} lines read)")

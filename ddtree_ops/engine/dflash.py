@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ddtree_ops.draftcheck import check_target_layer_ids
 from ddtree_ops.errors import UsageError
 
 DEFAULT_MASK_TOKEN = "<|MASK|>"           # sglang.srt.speculative.dflash_utils.DEFAULT_DFLASH_MASK_TOKEN
@@ -328,7 +329,6 @@ def load_draft(path: Path, device: str | torch.device = "cpu", dtype: torch.dtyp
 def check_pair(spec: DraftSpec, target_cfg: dict[str, Any], source: str) -> None:
     """What SGLang needs of a target for this draft: same hidden size, the mask id inside its
     vocabulary, layer ids it captures (the project's rule: below num_hidden_layers - 1)."""
-    from ddtree_ops.draftcheck import check_target_layer_ids
 
     problems = []
     if target_cfg.get("hidden_size") != spec.hidden_size:
@@ -430,6 +430,7 @@ def check_capture(model: Any, target_layer_ids: tuple[int, ...]) -> None:
 def load_pair(target_dir: Path, draft_dir: Path, device: str = "cpu",
               dtype: torch.dtype = torch.float32) -> tuple[Any, Any, DFlashDrafter]:
     """(target model, tokenizer, drafter) from a trained pair's two directories."""
+    # transformers (seconds): only when a pair is loaded, not when a draft's config is checked
     from ddtree_ops.engine.models import load_model
 
     target_dir, draft_dir = Path(target_dir), Path(draft_dir)

@@ -306,9 +306,11 @@ def worker_factory(server_args: Any) -> type:
     """SGLang calls this at server start (GPU), in the scheduler process, before its overlap
     FutureMap exists: SGLang's DFlash V2 worker plus shadow accounting, and DFLASH's answer to
     the hidden-state relay question (`sglang_relay`)."""
+    # sglang's GPU stack (both modules import it): only inside a server, never at plugin load
     from ddtree_ops.engine.sglang_relay import exempt_from_hidden_relay
 
     exempt_from_hidden_relay(server_args)
+    # sglang's DFlash worker (GPU stack): only inside a server
     from ddtree_ops.engine.sglang_worker import DDTreeShadowWorker
 
     return DDTreeShadowWorker

@@ -33,6 +33,14 @@ import logging
 import random
 from typing import Any
 
+from ddtree_ops.engine.sglang_account import InlineAccountant, RoundMeta, ThreadAccountant
+from ddtree_ops.engine.sglang_horizon import row_requests
+from ddtree_ops.engine.sglang_metrics import ShadowMetrics
+from ddtree_ops.engine.sglang_settings import cost_ratio, read_settings
+from ddtree_ops.engine.sglang_topk import eager_topk, fold_topk, head_rows
+from ddtree_ops.engine.sglang_transfer import RoundTransfer
+from ddtree_ops.engine.shadow import OnlineShadow, format_report
+
 logger = logging.getLogger("ddtree_ops.engine.sglang")
 
 SILENT = "DDTREE shadow: no round accounted in %d verify rounds (%s); shadow accounting is not running"
@@ -46,12 +54,6 @@ PATH_EAGER = "DDTREE shadow: top-K taken on the eager draft head on sampled roun
 
 class _ShadowState:
     def __init__(self, worker: Any) -> None:
-        from ddtree_ops.engine.sglang_account import InlineAccountant, ThreadAccountant
-        from ddtree_ops.engine.sglang_metrics import ShadowMetrics
-        from ddtree_ops.engine.sglang_settings import cost_ratio, read_settings
-        from ddtree_ops.engine.sglang_transfer import RoundTransfer
-        from ddtree_ops.engine.shadow import OnlineShadow
-
         settings, problems = read_settings()
         self.problem = ""
         if problems:             # the validator refused these at launch; be safe if it was bypassed
@@ -107,17 +109,12 @@ class _ShadowState:
             logger.info(message, *args)
 
     def _report(self, rep: Any) -> None:
-        from ddtree_ops.engine.shadow import format_report
-
         logger.info(format_report(rep))
         self.metrics.publish(rep)
 
     def send(self, tokens: Any, scores: Any, candidates: Any, commit: Any, bonus: Any, prefix: Any,
              reqs: Any, bs: int, width: int) -> None:
         """One sampled round to the host: one pack, one copy, one event; nothing waits."""
-        from ddtree_ops.engine.sglang_account import RoundMeta
-        from ddtree_ops.engine.sglang_horizon import row_requests
-
         known = prefix is not None and int(prefix.shape[0]) >= bs
         rows, greedy = row_requests(reqs if known else None, bs)
         parts = [tokens, scores, candidates, commit, bonus, prefix[:bs] if known else commit * 0]
@@ -192,8 +189,6 @@ class ShadowWorkerMixin:
         st = self._ddtree()
         if not st.on:
             return sampler
-        from ddtree_ops.engine.sglang_topk import fold_topk
-
         folded, why = fold_topk(sampler, st.budget)
         if folded is None:
             st.say_path("eager", PATH_EAGER, why)
@@ -211,8 +206,6 @@ class ShadowWorkerMixin:
         if not st.sample_now:
             st.trace("head call %d: not sampled (share %.3f)", st.head_calls, st.share)
             return out
-        from ddtree_ops.engine.sglang_topk import eager_topk, head_rows
-
         vocab = getattr(getattr(_runner(self), "model_config", None), "vocab_size", None)
         rows = head_rows(lm_head, vocab)
         if rows is None:

@@ -31,9 +31,11 @@ SAMPLER_FIELDS = ("weight", "block_size", "num_org", "org_vocab_start", "out")
 def select_topk(logits: Any, k: int, counters: Any = None, triton: bool = False) -> tuple[Any, Any]:
     """Top-k tokens and quantised log-probs of each row of logits [n, V], canonical order."""
     if triton:
+        # triton: only where the fused kernel runs (a GPU server), never on the control machine
         from ddtree_ops.engine import tree_kernels
 
         return tree_kernels.topk_rows(logits, k, counters)
+    # torch: the plugin's modules import on a control machine (preflight's checks) without it
     import torch
 
     from ddtree_ops.engine.tree import topk_of_logprobs
@@ -118,6 +120,7 @@ def fold_topk(sampler: Any, budget: int) -> tuple[Any, str]:
     why = foldable(sampler)
     if why:
         return None, why
+    # torch (engine.tree): only inside a server that builds the sampler
     from ddtree_ops.engine.tree import fused_available
 
     triton = fused_available(sampler.weight.device)

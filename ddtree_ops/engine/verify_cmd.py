@@ -131,6 +131,7 @@ def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: in
         drafter = NGramDrafter(int(model.config.vocab_size), horizon=horizon)
         drafter_note = "drafter: n-gram prompt lookup (no training)"
     else:
+        # only for a trained pair: the DFlash draft's module
         from ddtree_ops.engine.dflash import load_pair
 
         model, tok, drafter = load_pair(model_name, draft, device=device, dtype=torch.float32)

@@ -34,7 +34,7 @@ FLOORS: list[tuple[str, int]] = [
     ("cli", 4), ("__main__", 4),
     ("fleet", 3), ("fleet_plan", 3), ("deploy", 3), ("service", 3), ("service_nodes", 3),
     ("service_preflight", 3), ("transaction", 3), ("lab", 3),
-    ("preflight", 2), ("gate", 2), ("lock", 2), ("releases", 2), ("observe", 2), ("render", 2), ("wheel", 2),
+    ("preflight", 2), ("hostsglang", 2), ("gate", 2), ("lock", 2), ("releases", 2), ("observe", 2), ("render", 2), ("wheel", 2),
     ("smoke", 2), ("diagnose", 2), ("schedule", 2),
     ("transport", 1), ("ssh", 1), ("local", 1), ("host", 1),
     ("profile", 0), ("config", 0), ("remote", 0), ("output", 0), ("status", 0), ("errors", 0), ("memory", 0),
@@ -44,15 +44,7 @@ FLOORS: list[tuple[str, int]] = [
 # ONE allow-list, for what other branches are changing while this one lands (issue 24's diagnose
 # split; issues 21-23's preflight and engine files). The coordinator deletes each entry once its
 # branch is merged; `test_the_allow_list_holds_nothing_stale` says when an entry is no longer needed.
-PENDING: dict[tuple[str, str], str] = {
-    # rule, module                                        why it is here
-    ("size", "diagnose.classify"): "1,324 lines; split by the diagnose branch of issue 24",
-    ("local-import", "diagnose.live"): "diagnose branch of issue 24 cleans live.py",
-    ("local-import", "diagnose.report"): "diagnose branch of issue 24",
-    ("local-import", "preflight"): "issue 21's branch edits preflight.py",
-    ("local-import", "engine.sglang_plugin"): "issue 22/23's branch edits the SGLang plugin",
-    ("local-import", "engine.sglang_shadow"): "issue 22/23's branch edits the SGLang shadow worker",
-}
+PENDING: dict[tuple[str, str], str] = {}
 
 
 @dataclass
