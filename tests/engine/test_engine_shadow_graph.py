@@ -165,19 +165,19 @@ def test_eager_path_where_dflash_declines_to_fold(monkeypatch: pytest.MonkeyPatc
                                                   caplog: pytest.LogCaptureFixture) -> None:
     """DFlash's `_eager(...)`: its head stays eager; the shadow takes the top-K there, on sampled
     rounds only, and says once which path runs."""
-    from ddtree_ops.engine import sglang_topk
+    from ddtree_ops.engine import sglang_shadow
     from ddtree_ops.engine.sglang_shadow import ShadowWorkerMixin
 
     shadow_env(monkeypatch, DDTREE_SHADOW_SHARE="0.5", DDTREE_BUDGET="4")
     calls = 0
-    real = sglang_topk.eager_topk
+    real = sglang_shadow.eager_topk
 
     def counting(*a: Any, **k: Any) -> Any:
         nonlocal calls
         calls += 1
         return real(*a, **k)
 
-    monkeypatch.setattr(sglang_topk, "eager_topk", counting)
+    monkeypatch.setattr(sglang_shadow, "eager_topk", counting)      # where the worker looks it up
 
     class Worker(ShadowWorkerMixin, FakeDFlash):
         pass
