@@ -119,16 +119,21 @@ def test_accept_len_streak_broken_by_a_good_report_is_not_a_failure() -> None:
     assert stuck.root_cause.line == 4
 
 
-HELD_OUT_FLOOR = 0.95  # measured when the part was first scored: 21 of 22 in every form (205 missed)
+# Each collection's held-out part, as first scored (once, after its rules were final): it may not
+# drop. Issue 12's (200-221): 21 of 22 in every form (205 missed). Issue 20's (400-448): 43 of 49 in
+# every form (404, 411, 422, 424, 428, 435 missed; bench/results/diagnose.md).
+HELD_OUT = {(200, 221): (22, 21), (400, 448): (49, 43)}   # numbers -> (logs, at least named)
 
 
+@pytest.mark.parametrize("span", sorted(HELD_OUT), ids=lambda s: f"{s[0]}-{s[1]}")
 @pytest.mark.parametrize("form", ("raw", "journald", "json"))
-def test_held_out_part_keeps_its_score(form: str) -> None:
+def test_held_out_part_keeps_its_score(form: str, span: tuple[int, int]) -> None:
     """The held-out logs were never tuned on; their score is reported, and must not drop."""
     from diagnose_helpers import heldout_logs
 
-    logs = heldout_logs()
-    assert len(logs) >= 20
+    logs = heldout_logs(*span)
+    count, floor = HELD_OUT[span]
+    assert len(logs) == count
     named = []
     for path in logs:
         expected = label_of(path)
@@ -137,4 +142,4 @@ def test_held_out_part_keeps_its_score(form: str) -> None:
             named.append(rep.verdict == "healthy" and rep.root_cause is None)
         else:
             named.append(rep.root_cause is not None and rep.root_cause.label == expected)
-    assert sum(named) / len(named) >= HELD_OUT_FLOOR, [p.name for p, ok in zip(logs, named, strict=True) if not ok]
+    assert sum(named) >= floor, [p.name for p, ok in zip(logs, named, strict=True) if not ok]
