@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import pathlib
 import types
 import zipfile
 from functools import lru_cache
 from typing import Any
 
+import pytest
 import torch
 
 VERSIONS = ("0.5.17", "0.5.23")
@@ -261,3 +263,12 @@ class GreedyDFlash(FakeDFlash):
     def committed(self, req: FakeRequest) -> list[int]:
         """What the scheduler has for the request after the last round (outputs after the prompt)."""
         return self.seqs[id(req)][len(req.origin_input_ids):]
+
+
+def shadow_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    """Exactly these DDTREE_* settings for the plugin under test (none from the caller's shell)."""
+    for key in list(os.environ):
+        if key.startswith("DDTREE_"):
+            monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)

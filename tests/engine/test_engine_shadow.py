@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import torch
-from dflash_fakes import VERSIONS, FakeBatch, FakeDFlash, class_node, dflash_worker_source
+from dflash_fakes import FakeBatch, FakeDFlash, VERSIONS, class_node, dflash_worker_source, shadow_env
 
 from ddtree_ops.engine.shadow import (
     BoundTally,
@@ -108,13 +108,6 @@ def test_online_shadow_batch_and_bound_only_report() -> None:
     assert reports[0].sibling_hits[0] == 1
     assert reports[0].recommendation in (PROMOTE, INCONCLUSIVE)   # a bound never says keep-chain
 
-
-def shadow_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
-    for key in ("DDTREE_SHADOW_SHARE", "DDTREE_BUDGET", "DDTREE_SHADOW_REPORT_EVERY", "DDTREE_SHADOW_WARN_AFTER",
-                "DDTREE_VERIFY_COST_RATIO", "DDTREE_SHADOW_ACCOUNT_THREAD", "DDTREE_SHADOW_MAX_PENDING"):
-        monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
 
 
 @pytest.mark.parametrize("version", VERSIONS)

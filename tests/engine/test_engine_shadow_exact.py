@@ -8,13 +8,12 @@ fake DFlash that verifies against a known deterministic target (`dflash_fakes.Gr
 
 from __future__ import annotations
 
-import os
 import random
 from typing import Any
 
 import pytest
 import torch
-from dflash_fakes import FakeBatch, FakeRequest, GreedyDFlash, target_next
+from dflash_fakes import FakeBatch, FakeRequest, GreedyDFlash, shadow_env, target_next
 
 from ddtree_ops.engine.shadow import KEEP_CHAIN, PROMOTE, INCONCLUSIVE, OnlineShadow, greedy_walk, heap_tree
 
@@ -56,13 +55,6 @@ def test_greedy_walk_is_the_engine_tree_verification() -> None:
         if len(accepted) >= 2 and children[0]:
             assert short is None
 
-
-def shadow_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
-    for key in list(os.environ):
-        if key.startswith("DDTREE_"):
-            monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
 
 
 def serve(worker: Any, reqs: list[FakeRequest], rounds: int, lag: int = 1) -> None:

@@ -18,17 +18,10 @@ from typing import Any
 
 import pytest
 import torch
-from dflash_fakes import VERSIONS, FakeBatch, FakeDFlash, real_sampler_class, sglang_file
+from dflash_fakes import FakeBatch, FakeDFlash, VERSIONS, real_sampler_class, sglang_file, shadow_env
 
 pytestmark = pytest.mark.engine
 
-
-def shadow_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
-    for key in list(os.environ):
-        if key.startswith("DDTREE_"):
-            monkeypatch.delenv(key, raising=False)
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
 
 
 @pytest.mark.parametrize("version", VERSIONS)
