@@ -115,6 +115,20 @@ def test_context_past_the_models_limit_names_the_key_and_a_value_that_works() ->
     assert "draft_model_path" in rc.meaning + rc.remedy and "from 32768 to 2048" in rc.remedy
 
 
+def test_a_longer_context_the_operator_allowed_is_not_a_failure() -> None:
+    """SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1: SGLang logs the same sentence as a warning and
+    serves (the lab's ct200 profile and its baseline set it); only the raised ValueError is fatal."""
+    allowed = ["[2026-12-02 06:14:51] Warning: User-specified context_length (65536) is greater than the derived "
+               "context_length (40960). This may lead to incorrect model outputs or CUDA errors. Note that the "
+               "derived context_length may differ from max_position_embeddings in the model's config.",
+               "[2026-12-02 06:14:58] The server is fired up and ready to roll!"]
+    rep = classify(allowed)
+    assert rep.root_cause is None and rep.verdict == "healthy", rep.root_cause
+    refused = ["ValueError: " + allowed[0].split("] ", 1)[1] + " To allow overriding this maximum, set the env var "
+               "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1"]
+    assert _root(refused).label == "bad_launch_flags"
+
+
 def test_gpu_visibility_names_the_cards_and_the_keys() -> None:
     rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-invalid-ordinal-tp2.log"))
     assert rc.label == "bad_launch_flags" and rc.profile_key == "gpus"
