@@ -288,6 +288,7 @@ def boot(paths: Paths, state: LabState, host: str, profile: Any) -> HostState:
     state.save(paths)
     payload.install_host(Path(h.root), host, profile, host_key=paths.host_key(host),
                          client_pub=paths.client_key.with_name(paths.client_key.name + ".pub"))
+    claim_netns(h)
     h.netns_made = True
     state.save(paths)
     for argv in netns_argvs(h):
@@ -301,6 +302,31 @@ def boot(paths: Paths, state: LabState, host: str, profile: Any) -> HostState:
     h.nspawn_pid = proc.pid
     state.save(paths)
     return h
+
+
+def netns_pids(netns: str) -> list[int]:
+    """The processes living in a network namespace (none for one that does not exist)."""
+    if not Path(f"/run/netns/{netns}").exists():
+        return []
+    res = _sys.run(["ip", "netns", "pids", netns], timeout=15, check=False)
+    return [int(tok) for tok in res.stdout.split() if tok.isdigit()]
+
+
+def claim_netns(h: HostState) -> None:
+    """Make the host's network namespace name free before `up` creates it. Host names are global to
+    the machine, whatever lab home a session uses: a namespace of the same name with no process in
+    it was left by a lab that is gone (a killed session, a lost state file) and is removed; one with
+    processes in it belongs to a lab that is running, which this `up` must neither clobber nor
+    (when it fails and cleans up) tear down."""
+    pids = netns_pids(h.netns)
+    if pids:
+        raise LabError(f"{h.name}: another lab on this machine is running this host (network namespace "
+                       f"{h.netns}, pids {' '.join(map(str, pids[:5]))}); take it down with `ddtree-ops lab "
+                       f"down` under that lab's DDTREE_LAB_HOME, or use that lab")
+    if Path(f"/run/netns/{h.netns}").exists():
+        _sys.run(["ip", "netns", "del", h.netns], timeout=15, check=False)
+    if Path(f"/sys/class/net/{h.veth}").exists():
+        _sys.run(["ip", "link", "del", h.veth], timeout=15, check=False)
 
 
 def wait_booted(paths: Paths, h: HostState, timeout: float = BOOT_TIMEOUT_S) -> None:
@@ -337,6 +363,9 @@ def stop_host(paths: Paths, h: HostState) -> list[str]:
             _sys.run(["umount", "-l", h.root], timeout=30, check=False)
         if is_mount(h.root):
             problems.append(f"{h.name}: {h.root} is still mounted")
+    if pid is None and netns_pids(h.netns):
+        # never booted by this lab, and processes live in it: another lab's host, not ours to remove
+        return problems
     if Path(f"/run/netns/{h.netns}").exists():
         _sys.run(["ip", "netns", "del", h.netns], timeout=15, check=False)
     if Path(f"/sys/class/net/{h.veth}").exists():
