@@ -62,9 +62,9 @@ def _to_bytes(line: str | bytes) -> bytes:
     return line.encode("utf-8", "surrogateescape")
 
 
-_HELD_ROLES = ("wrapper", "backstop", "consequence")  # held while their traceback is still open
+_HELD_ROLES = ("wrapper", "backstop", "consequence", "death")  # held while their traceback is still open
 # after a requested stop these are shutdown, not a crash (a specific cause still counts)
-_SHUTDOWN_ROLES = ("consequence", "backstop", "downstream")
+_SHUTDOWN_ROLES = ("consequence", "death", "backstop", "downstream")
 
 
 class Scanner:

@@ -67,6 +67,36 @@ def test_the_oom_killers_word_makes_a_sigkill_host_oom() -> None:
     assert _root([ln for ln in systemd if b"OOM killer" not in ln and b"oom-kill" not in ln]).label == "killed_by_signal"
 
 
+def test_the_first_unexplained_death_or_crash_in_time_is_the_root() -> None:
+    """A kill, then the launcher's traceback (logcorpus 505, 522): the kill. An unnamed crash, then
+    SGLang killing the rest: the crash. A kill, then the other ranks' NCCL errors: the kill."""
+    kill = "[12-16 14:27:10] Exit code: -9"
+    tb = ["Traceback (most recent call last):",
+          '  File "/x/sglang/multimodal_gen/runtime/launch_server.py", line 98, in launch_server',
+          "    raise RuntimeError(msg)",
+          "RuntimeError: launch failed"]
+    assert _root([kill, *tb]).label == "killed_by_signal"
+    assert _root([*tb, "[2026-12-01 22:35:21] Subprocess detokenizer (pid=2) crashed with exit code -9."]).label \
+        == "unclassified_crash"
+    nccl = "[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited"
+    assert _root([kill, nccl]).label == "killed_by_signal"
+    assert _root([nccl, kill]).label == "nccl_error"
+
+
+def test_a_sigkill_in_each_layers_words_is_killed_by_signal() -> None:
+    """The same death as multiprocessing, subprocess, a shell, a container, systemd and Go say it."""
+    for line in ("RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), "
+                 "a common cause is the OS OOM killer.",                                          # SGLang 0.5.23 engine.py
+                 "RuntimeError: scheduler_0 exited during initialization (exit code -9). Check the worker logs.",
+                 "<SpawnProcess name='SpawnProcess-1' pid=4242 parent=4200 stopped exitcode=-SIGKILL>",  # multiprocessing repr
+                 "subprocess.CalledProcessError: Command '['python3', '-m', 'sglang.launch_server']' died with "
+                 "<Signals.SIGKILL: 9>.",                                                         # subprocess
+                 "sglang-1 exited with code 137",                                                 # docker compose
+                 "Error: llama runner process has terminated: signal: killed"):                   # Go os/exec
+        rc = _root([line])
+        assert rc.label == "killed_by_signal", line
+
+
 # ------------------------------------------------------------------ generic messages need context
 
 
