@@ -175,3 +175,20 @@ def test_a_refused_gpu_generation_names_the_backend_setting() -> None:
     assert rc.profile_key == "memory.attention_backend" and "fa3" in rc.meaning and "Blackwell" in rc.meaning
     rc = _root(raw_lines(FIXTURES / "synthetic-unsupported_gpu_arch-compute-capability.log"))
     assert rc.profile_key == "service.python" and "12.0" in rc.meaning
+
+
+# ------------------------------------------------------------------ distributed failures in torch's own words
+
+
+def test_process_group_failures_in_torchs_words() -> None:
+    """torch c10d: a monitored barrier a rank never reached is a hang (watchdog_timeout); an
+    aborted communicator or a barrier that got another rank's error is an NCCL/process-group
+    failure, which yields to an earlier unexplained crash (the faulty rank's own error)."""
+    for line, label in (
+            ("RuntimeError: Rank 0 timed out in monitoredBarrier after 30000 ms.", "watchdog_timeout"),
+            ("RuntimeError: Ranks 1, 3 failed to pass monitoredBarrier in 1800000 ms", "watchdog_timeout"),
+            ("RuntimeError: NCCL communicator was aborted on rank 2.", "nccl_error"),
+            ("[rank3]:[E421 04:13:43.426633564 ProcessGroupGloo.cpp:143] Rank 3 successfully reached monitoredBarrier, "
+             "but received errors while waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.",
+             "nccl_error")):
+        assert _root([line]).label == label, line
