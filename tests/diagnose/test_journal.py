@@ -37,6 +37,9 @@ from ddtree_ops.diagnose.journal import TracebackTracker, clean_line, json_messa
     # docker compose, coloured
     ("\x1b[36msglang-1  |\x1b[0m RuntimeError: boom", "RuntimeError: boom"),
     ("gpt_raisound-webserver-1         | ValueError: No component", "ValueError: No component"),
+    # a GitHub Actions timestamp before a Python warning: the path is not a journald host name
+    ("2025-10-09T04:12:15.2940207Z /usr/lib/python3.10/torch/cuda/__init__.py:63: FutureWarning: The pynvml package",
+     "/usr/lib/python3.10/torch/cuda/__init__.py:63: FutureWarning: The pynvml package"),
     # vLLM before 0.6 (vllm/logger.py "%(levelname)s %(asctime)s %(filename)s:%(lineno)d] ")
     ("ERROR 01-12 03:08:10 engine.py:135] RuntimeError: boom", "RuntimeError: boom"),
     # SGLang's diffusion runtime (multimodal_gen logging_utils: "[%(asctime)s] " with "%m-%d %H:%M:%S")
