@@ -162,6 +162,16 @@ def test_a_refused_argument_names_its_profile_key() -> None:
     assert "launch_server --help" in rc.remedy  # a flag no profile key renders: the generic advice
 
 
+def test_a_refused_flag_in_a_quoted_exception_names_its_profile_key() -> None:
+    """SGLang's argument hooks refuse flags by name; a one-line quote (no frames) still names the key."""
+    rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-flag-combination-excerpt.log"))
+    assert rc.label == "bad_launch_flags" and "parallel.dp_size" in rc.remedy and "--dp-size 2" in rc.remedy
+    # a flag that only appears as a hint in another cause's message does not make it a launch-flag problem
+    rc = _root(["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+                "Current value: mem_fraction_static=0.3"])
+    assert rc.label == "kv_pool_too_small"
+
+
 def test_a_cause_in_the_draft_names_the_draft_and_what_differs() -> None:
     rc = _root(raw_lines(FIXTURES / "synthetic-spec_decode_misconfig-dflash-hidden-mismatch.log"))
     assert rc.profile_key == "modes.<mode>.draft_model_path" and "512" in rc.remedy and "256" in rc.remedy
@@ -175,6 +185,9 @@ def test_a_refused_gpu_generation_names_the_backend_setting() -> None:
     assert rc.profile_key == "memory.attention_backend" and "fa3" in rc.meaning and "Blackwell" in rc.meaning
     rc = _root(raw_lines(FIXTURES / "synthetic-unsupported_gpu_arch-compute-capability.log"))
     assert rc.profile_key == "service.python" and "12.0" in rc.meaning
+    # a flag refused for the GPU generation is the generation's problem, not the flag's spelling
+    rc = _root(["ValueError: --quantization nvfp4_online is supported only on NVIDIA Blackwell SM100/SM103 GPUs."])
+    assert rc.label == "unsupported_gpu_arch"
 
 
 # ------------------------------------------------------------------ distributed failures in torch's own words
