@@ -162,6 +162,25 @@ def test_a_refused_argument_names_its_profile_key() -> None:
     assert "launch_server --help" in rc.remedy  # a flag no profile key renders: the generic advice
 
 
+def test_the_speculative_machinery_named_in_an_exception_is_spec_decode_misconfig() -> None:
+    """SGLang 0.5.23's speculative workers, draft pools and model hooks refuse what they cannot run,
+    naming the draft or the algorithm's parts; a one-line quote without frames is named from that.
+    A specific cause that only mentions the draft (its repo not found, its OOM) keeps its own label."""
+    for line in ("ValueError: DFLASH with a quantized target lm_head is only supported at tp=1, got tp_size=2.",
+                 "NotImplementedError: CPU offloading is unsupported for fused draft KV.",
+                 "ValueError: EAGLE3 currently only supports 1 layer",
+                 "AssertionError: MTP Topk > 1 not supported for DeepSeek V4"):
+        assert _root([line]).label == "spec_decode_misconfig", line
+    rc = _root(["RuntimeError: DFLASH draft model returned no hidden states."])
+    assert rc.label == "hidden_capture_missing"
+    for line, label in (
+            ("huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. Repository Not Found for url: "
+             "https://huggingface.co/api/models/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B/revision/main.", "model_not_found"),
+            ("torch.OutOfMemoryError: CUDA out of memory while loading the draft model. Tried to allocate 2.00 GiB.",
+             "cuda_oom")):
+        assert _root([line]).label == label, line
+
+
 def test_a_refused_flag_in_a_quoted_exception_names_its_profile_key() -> None:
     """SGLang's argument hooks refuse flags by name; a one-line quote (no frames) still names the key."""
     rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-flag-combination-excerpt.log"))
