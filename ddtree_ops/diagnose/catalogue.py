@@ -35,7 +35,7 @@ LABELS = (
     "killed_by_signal",
 )
 SEVERITIES = ("fatal", "warning", "benign", "info")
-ROLES = ("cause", "wrapper", "downstream", "consequence", "backstop", "benign", "info")
+ROLES = ("cause", "wrapper", "downstream", "consequence", "death", "backstop", "benign", "info")
 DIRECTIONS = (None, "raise", "lower")
 CONTEXTS = (None, "launch", "start", "stop", "capture_on", "capture_off", "plugin_seen")
 XID_VARIANTS = ("hardware", "application")  # a rule with xid_hardware words both cases
@@ -290,7 +290,7 @@ def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
 
 
 SIGNATURE_ROLES = ("cause", "wrapper", "downstream")  # a rule that names a failure by its own text
-GENERIC_ROLES = ("consequence", "backstop")  # secondary symptoms and any-exception evidence
+GENERIC_ROLES = ("consequence", "death", "backstop")  # secondary symptoms, unexplained deaths, any-exception evidence
 
 
 def _check_tiers(rules: tuple[Rule, ...]) -> None:

@@ -28,9 +28,10 @@ from typing import Any
 _PREFIX = re.compile(
     r"""(?:
       # journald short / short-precise: "Nov 29 07:29:01[.123456] host ident[pid]: "
-      [A-Z][a-z]{2}\ [ 0-9]?[0-9]\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\ [^ ]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
+      # (the host is a host name: "2025-..Z /usr/lib/x.py:63: FutureWarning: msg" is a timestamp and a message)
+      [A-Z][a-z]{2}\ [ 0-9]?[0-9]\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\ [A-Za-z0-9_.-]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
       # journald short-iso / short-full: "2025-11-29T07:29:01+0000 host ident[pid]: ", "Sat 2025-11-29 07:29:01 UTC host ident[pid]: "
-    | (?:[A-Z][a-z]{2}\ )?[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?(?:\ [A-Z]{2,5})?\ [^ ]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
+    | (?:[A-Z][a-z]{2}\ )?[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})?(?:\ [A-Z]{2,5})?\ [A-Za-z0-9_.-]{1,255}\ [^ :\[]{1,255}(?:\[[0-9]{1,10}\])?:(?:\ |$)
       # container runtime RFC 3339 timestamp: "2023-02-20T06:44:19.335010Z ", CRI "...Z stdout F "
     | [0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?(?:Z|[+-][0-9]{2}:?[0-9]{2})\ {1,4}(?:(?:stdout|stderr)\ [FP]\ )?
       # kubectl logs --prefix: "[pod/sglang-0/server] "
@@ -54,8 +55,12 @@ _PREFIX = re.compile(
 # The server's own record prefixes: stripped too, and they mark the start of a new log record.
 _RECORD = re.compile(
     r"""(?:
-      \[[0-9]{4}-[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[ A-Z0-9]{0,40})?\]\ ?        # SGLang
-    | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL|WARN)\ [0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?\ \[[^\]]{1,200}\]\ ?  # vLLM
+      # SGLang "[2025-01-01 00:00:00 TP0] "; its diffusion runtime (multimodal_gen) "[12-16 14:27:08] "
+      \[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[ A-Z0-9]{0,40})?\]\ ?
+      # vLLM: "ERROR 03-02 19:49:43 [file.py:12] ", and before 0.6 "ERROR 01-12 03:08:10 engine.py:135] "
+    | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL|WARN)\ [0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?\ (?:\[[^\]]{1,200}\]|[A-Za-z0-9_.-]{1,200}:[0-9]{1,7}\])\ ?
+      # Python logging's "%(asctime)s - %(name)s - %(levelname)s - " (a wrapper such as olmocr logging the server's lines)
+    | [0-9]{4}-[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,6})?\ -\ [^ ]{1,200}\ -\ (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\ -\ ?
     )""",
     re.X,
 )
@@ -83,11 +88,13 @@ def clean_line(text: str) -> tuple[str, bool]:
             break
         text = text[m.end():]
     new_record = False
-    m = _RECORD.match(text)
-    if m:
+    for _ in range(2):  # a wrapper's record around the server's own ("... - INFO - [2025-.. TP0] ")
+        m = _RECORD.match(text)
+        if not m or m.end() == 0:
+            break
         text = text[m.end():]
         new_record = True
-    elif _RECORD_KEEP.match(text):
+    if not new_record and _RECORD_KEEP.match(text):
         new_record = True
     return text.rstrip(), new_record
 
@@ -182,6 +189,8 @@ class Frame:
                 break
         return f"{path}:{self.line}" + (f" in {self.func}" if self.func else "")
 _CARET = re.compile(r"\s*[\^~]+\s*$")
+# what CPython's exception line starts with: the (dotted) class name, then ":" or the end
+_EXC_SHAPE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?::|$)")
 
 def is_frame(text: str) -> bool:
     return _FRAME.match(text) is not None
@@ -215,6 +224,7 @@ class TracebackTracker:
     _lines: int = 0
     _msg: int = 0
     _blanks: int = 0
+    _after_frame: bool = False  # the previous line was a frame (its source line may follow, unindented)
 
     @property
     def open(self) -> bool:
@@ -258,9 +268,11 @@ class TracebackTracker:
     def step(self, text: str, new_record: bool, line: int) -> tuple[int | None, str]:
         """Feed one cleaned line; returns (group id or None, kind).
 
-        kind is one of header, frame, code, exc, msg, chain, blank, other.
+        kind is one of header, frame, code, loose (a frame's unindented source line), exc, msg,
+        chain, blank, other.
         """
         if TRACEBACK_HEADER in text:
+            self._after_frame = False
             if self.state != CHAIN:
                 self._begin(line)
             self.part = []
@@ -282,6 +294,7 @@ class TracebackTracker:
             if blank:
                 return self.group, "blank"
             m = _FRAME.match(text)
+            after_frame, self._after_frame = self._after_frame, m is not None
             if m:
                 self.frames.append(m.group(1))
                 self.part.append(Frame(m.group(1), int(m.group(2)), (m.group(3) or "").strip()))
@@ -291,6 +304,11 @@ class TracebackTracker:
             if text.startswith(_CHAIN):
                 self.state, self._blanks = CHAIN, 0
                 return self.group, "chain"
+            if after_frame and not new_record and not _EXC_SHAPE.match(text):
+                # CPython prints a frame's source line right under it; a paste that lost the
+                # indentation still has it there ("scheduler.event_loop_normal()"). Not the
+                # exception: the frames after it still count. Its text is still matched.
+                return self.group, "loose"
             self.state, self._msg = EXC, 0
             return self.group, "exc"
         if self.state == EXC:

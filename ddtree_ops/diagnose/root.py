@@ -12,10 +12,12 @@ from typing import Any
 
 from ddtree_ops.diagnose.findings import Finding
 
-# inside one traceback: the specific cause first, then a wrapper, the backstop, a consequence
-ROLE_IN_GROUP = {"cause": 0, "downstream": 0, "wrapper": 1, "backstop": 2, "consequence": 3}
-# across events: causes (0) before unexplained crashes (1) before secondary symptoms (2)
-ROLE_CLASS = {"cause": 0, "downstream": 0, "wrapper": 0, "backstop": 1, "consequence": 2}
+# inside one traceback: the specific cause first, then a wrapper, a death (the EOFError a dead
+# child leaves in its parent's pipe is the death's symptom), the backstop, a consequence
+ROLE_IN_GROUP = {"cause": 0, "downstream": 0, "wrapper": 1, "death": 1.5, "backstop": 2, "consequence": 3}
+# across events: causes (0) before unexplained deaths and crashes (1, the first in time) before
+# secondary symptoms (2)
+ROLE_CLASS = {"cause": 0, "downstream": 0, "wrapper": 0, "death": 1, "backstop": 1, "consequence": 2}
 
 
 def verdict_of(root: Finding | None, findings: list[Finding]) -> str:
@@ -31,8 +33,10 @@ def choose_root(findings: list[Finding], group_starts: dict[int, int] | None = N
 
     Per event (a traceback, or a line outside any traceback) the most specific finding stands
     for it. Then: the first event with a cause; a wrapper yields to a cause inside it or within
-    its `defer_within` lines; an NCCL/watchdog echo yields to an earlier unexplained crash;
-    secondary symptoms explain the failure only when nothing else does.
+    its `defer_within` lines; an NCCL/watchdog echo yields to an earlier unexplained crash or
+    death; without a cause, the first unexplained crash or death in time (a process killed by a
+    signal, then its launcher's traceback: the kill); secondary symptoms explain the failure
+    only when nothing else does.
     """
     fatal = [f for f in findings if f.severity == "fatal"]
     if not fatal:

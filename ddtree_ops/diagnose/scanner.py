@@ -51,6 +51,7 @@ _SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 _XID_RX = re.compile(r"NVRM: Xid \([^)]{0,64}\): ([0-9]{1,4})")
 _RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(")
+_INLINE_RAISE = re.compile(r'(", line [0-9]+, in [^ ]{1,200} )raise [A-Za-z_][A-Za-z0-9_.]{0,200}\(')
 _ACCEPT_B = ACCEPT.encode()
 _DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
 
@@ -61,9 +62,9 @@ def _to_bytes(line: str | bytes) -> bytes:
     return line.encode("utf-8", "surrogateescape")
 
 
-_HELD_ROLES = ("wrapper", "backstop", "consequence")  # held while their traceback is still open
+_HELD_ROLES = ("wrapper", "backstop", "consequence", "death")  # held while their traceback is still open
 # after a requested stop these are shutdown, not a crash (a specific cause still counts)
-_SHUTDOWN_ROLES = ("consequence", "backstop", "downstream")
+_SHUTDOWN_ROLES = ("consequence", "death", "backstop", "downstream")
 
 
 class Scanner:
@@ -396,7 +397,12 @@ class Scanner:
             note_visible(self._ctx, text)  # which cards this start was given, where the log says it
             has_accept = True  # (its value is not in the message shape: never memoised)
         cands = self._index.candidates(text)
-        rule, m, named = self._match(text, group, cands)
+        seen = text
+        if '", line ' in text:
+            # a traceback flattened onto one line (CloudWatch, a pasted block): the `raise X(` its
+            # frames quote is source code, not the error (blanked, so offsets stay the line's)
+            seen = _INLINE_RAISE.sub(lambda r: r.group(1) + " " * (r.end() - r.start(1) - len(r.group(1))), text)
+        rule, m, named = self._match(seen, group, cands)
         if key is not None and kind == "other" and group is None and not has_accept \
                 and (rule is None or rule.plain) and not self._digits_matter(text, cands):
             if len(self._memo) >= MAX_MEMO:

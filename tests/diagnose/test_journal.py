@@ -37,6 +37,16 @@ from ddtree_ops.diagnose.journal import TracebackTracker, clean_line, json_messa
     # docker compose, coloured
     ("\x1b[36msglang-1  |\x1b[0m RuntimeError: boom", "RuntimeError: boom"),
     ("gpt_raisound-webserver-1         | ValueError: No component", "ValueError: No component"),
+    # a GitHub Actions timestamp before a Python warning: the path is not a journald host name
+    ("2025-10-09T04:12:15.2940207Z /usr/lib/python3.10/torch/cuda/__init__.py:63: FutureWarning: The pynvml package",
+     "/usr/lib/python3.10/torch/cuda/__init__.py:63: FutureWarning: The pynvml package"),
+    # vLLM before 0.6 (vllm/logger.py "%(levelname)s %(asctime)s %(filename)s:%(lineno)d] ")
+    ("ERROR 01-12 03:08:10 engine.py:135] RuntimeError: boom", "RuntimeError: boom"),
+    # SGLang's diffusion runtime (multimodal_gen logging_utils: "[%(asctime)s] " with "%m-%d %H:%M:%S")
+    ("[12-16 14:27:10] Exit code: -9", "Exit code: -9"),
+    # Python logging's "%(asctime)s - %(name)s - %(levelname)s - " around SGLang's own record (olmocr)
+    ("2025-03-07 23:50:27,532 - __main__ - INFO - [2025-03-07 23:50:27 TP0] Init torch distributed begin.",
+     "Init torch distributed begin."),
 ])
 def test_prefixes_are_stripped(raw: str, text: str) -> None:
     assert clean_line(raw)[0] == text
@@ -80,3 +90,34 @@ def test_a_pipe_inside_a_message_is_not_a_compose_prefix() -> None:
     assert [f.rule_id for f in classify([b"sglang[1]: Assertion |0 failed."]).findings] == ["device_assert_kernel"]
     assert [f.label for f in classify([b"sglang-1  | RuntimeError: CUDA error: device-side assert triggered"]).findings] \
         == ["device_assert"]
+
+
+def test_unindented_source_lines_do_not_end_the_frames() -> None:
+    """A paste that lost its indentation (logcorpus 502): the source line under a frame is not the
+    exception, so the frames after it, where speculative code raised, still count."""
+    tb = TracebackTracker()
+    lines = [
+        "Scheduler hit an exception: Traceback (most recent call last):",
+        'File "/x/sglang/srt/managers/scheduler.py", line 1367, in run_batch',
+        ") = self.draft_worker.forward_batch_speculative_generation(batch)",
+        'File "/x/sglang/srt/speculative/eagle_worker.py", line 12, in forward_batch_speculative_generation',
+        "self.verify(batch)",
+        "RuntimeError: boom",
+    ]
+    kinds = [tb.step(t, False, i + 1)[1] for i, t in enumerate(lines)]
+    assert kinds == ["header", "frame", "loose", "frame", "loose", "exc"]
+    assert tb.frames[-1].endswith("speculative/eagle_worker.py")
+
+
+def test_a_flattened_traceback_quotes_raise_as_code() -> None:
+    """CloudWatch joins a traceback onto one line (logcorpus 508): `raise OfflineModeIsEnabled(`
+    there is the frame's source code; the exception line after it is the evidence."""
+    from ddtree_ops.diagnose.classify import classify
+
+    rep = classify([
+        'Traceback (most recent call last): File "/h/huggingface_hub/file_download.py", line 1261, in hf_hub_download '
+        'metadata = get_hf_file_metadata( File "/h/huggingface_hub/utils/_http.py", line 78, in send raise OfflineModeIsEnabled(',
+        "huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach https://huggingface.co/x/y/resolve/main/config.json",
+    ])
+    assert rep.root_cause is not None and rep.root_cause.line == 2
+    assert rep.root_cause.label == "hf_download_blocked"

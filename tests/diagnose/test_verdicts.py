@@ -67,6 +67,36 @@ def test_the_oom_killers_word_makes_a_sigkill_host_oom() -> None:
     assert _root([ln for ln in systemd if b"OOM killer" not in ln and b"oom-kill" not in ln]).label == "killed_by_signal"
 
 
+def test_the_first_unexplained_death_or_crash_in_time_is_the_root() -> None:
+    """A kill, then the launcher's traceback (logcorpus 505, 522): the kill. An unnamed crash, then
+    SGLang killing the rest: the crash. A kill, then the other ranks' NCCL errors: the kill."""
+    kill = "[12-16 14:27:10] Exit code: -9"
+    tb = ["Traceback (most recent call last):",
+          '  File "/x/sglang/multimodal_gen/runtime/launch_server.py", line 98, in launch_server',
+          "    raise RuntimeError(msg)",
+          "RuntimeError: launch failed"]
+    assert _root([kill, *tb]).label == "killed_by_signal"
+    assert _root([*tb, "[2026-12-01 22:35:21] Subprocess detokenizer (pid=2) crashed with exit code -9."]).label \
+        == "unclassified_crash"
+    nccl = "[rank1]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:3763, remote process exited"
+    assert _root([kill, nccl]).label == "killed_by_signal"
+    assert _root([nccl, kill]).label == "nccl_error"
+
+
+def test_a_sigkill_in_each_layers_words_is_killed_by_signal() -> None:
+    """The same death as multiprocessing, subprocess, a shell, a container, systemd and Go say it."""
+    for line in ("RuntimeError: Rank 0 scheduler died during initialization (exit code: -9). If exit code is -9 (SIGKILL), "
+                 "a common cause is the OS OOM killer.",                                          # SGLang 0.5.23 engine.py
+                 "RuntimeError: scheduler_0 exited during initialization (exit code -9). Check the worker logs.",
+                 "<SpawnProcess name='SpawnProcess-1' pid=4242 parent=4200 stopped exitcode=-SIGKILL>",  # multiprocessing repr
+                 "subprocess.CalledProcessError: Command '['python3', '-m', 'sglang.launch_server']' died with "
+                 "<Signals.SIGKILL: 9>.",                                                         # subprocess
+                 "sglang-1 exited with code 137",                                                 # docker compose
+                 "Error: llama runner process has terminated: signal: killed"):                   # Go os/exec
+        rc = _root([line])
+        assert rc.label == "killed_by_signal", line
+
+
 # ------------------------------------------------------------------ generic messages need context
 
 
@@ -146,6 +176,35 @@ def test_a_refused_argument_names_its_profile_key() -> None:
     assert "launch_server --help" in rc.remedy  # a flag no profile key renders: the generic advice
 
 
+def test_the_speculative_machinery_named_in_an_exception_is_spec_decode_misconfig() -> None:
+    """SGLang 0.5.23's speculative workers, draft pools and model hooks refuse what they cannot run,
+    naming the draft or the algorithm's parts; a one-line quote without frames is named from that.
+    A specific cause that only mentions the draft (its repo not found, its OOM) keeps its own label."""
+    for line in ("ValueError: DFLASH with a quantized target lm_head is only supported at tp=1, got tp_size=2.",
+                 "NotImplementedError: CPU offloading is unsupported for fused draft KV.",
+                 "ValueError: EAGLE3 currently only supports 1 layer",
+                 "AssertionError: MTP Topk > 1 not supported for DeepSeek V4"):
+        assert _root([line]).label == "spec_decode_misconfig", line
+    rc = _root(["RuntimeError: DFLASH draft model returned no hidden states."])
+    assert rc.label == "hidden_capture_missing"
+    for line, label in (
+            ("huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error. Repository Not Found for url: "
+             "https://huggingface.co/api/models/yuhuili/EAGLE3-LLaMA3.1-Instruct-8B/revision/main.", "model_not_found"),
+            ("torch.OutOfMemoryError: CUDA out of memory while loading the draft model. Tried to allocate 2.00 GiB.",
+             "cuda_oom")):
+        assert _root([line]).label == label, line
+
+
+def test_a_refused_flag_in_a_quoted_exception_names_its_profile_key() -> None:
+    """SGLang's argument hooks refuse flags by name; a one-line quote (no frames) still names the key."""
+    rc = _root(raw_lines(FIXTURES / "synthetic-bad_launch_flags-flag-combination-excerpt.log"))
+    assert rc.label == "bad_launch_flags" and "parallel.dp_size" in rc.remedy and "--dp-size 2" in rc.remedy
+    # a flag that only appears as a hint in another cause's message does not make it a launch-flag problem
+    rc = _root(["RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
+                "Current value: mem_fraction_static=0.3"])
+    assert rc.label == "kv_pool_too_small"
+
+
 def test_a_cause_in_the_draft_names_the_draft_and_what_differs() -> None:
     rc = _root(raw_lines(FIXTURES / "synthetic-spec_decode_misconfig-dflash-hidden-mismatch.log"))
     assert rc.profile_key == "modes.<mode>.draft_model_path" and "512" in rc.remedy and "256" in rc.remedy
@@ -159,3 +218,23 @@ def test_a_refused_gpu_generation_names_the_backend_setting() -> None:
     assert rc.profile_key == "memory.attention_backend" and "fa3" in rc.meaning and "Blackwell" in rc.meaning
     rc = _root(raw_lines(FIXTURES / "synthetic-unsupported_gpu_arch-compute-capability.log"))
     assert rc.profile_key == "service.python" and "12.0" in rc.meaning
+    # a flag refused for the GPU generation is the generation's problem, not the flag's spelling
+    rc = _root(["ValueError: --quantization nvfp4_online is supported only on NVIDIA Blackwell SM100/SM103 GPUs."])
+    assert rc.label == "unsupported_gpu_arch"
+
+
+# ------------------------------------------------------------------ distributed failures in torch's own words
+
+
+def test_process_group_failures_in_torchs_words() -> None:
+    """torch c10d: a monitored barrier a rank never reached is a hang (watchdog_timeout); an
+    aborted communicator or a barrier that got another rank's error is an NCCL/process-group
+    failure, which yields to an earlier unexplained crash (the faulty rank's own error)."""
+    for line, label in (
+            ("RuntimeError: Rank 0 timed out in monitoredBarrier after 30000 ms.", "watchdog_timeout"),
+            ("RuntimeError: Ranks 1, 3 failed to pass monitoredBarrier in 1800000 ms", "watchdog_timeout"),
+            ("RuntimeError: NCCL communicator was aborted on rank 2.", "nccl_error"),
+            ("[rank3]:[E421 04:13:43.426633564 ProcessGroupGloo.cpp:143] Rank 3 successfully reached monitoredBarrier, "
+             "but received errors while waiting for send/recv from rank 0. Please check rank 0 logs for faulty rank.",
+             "nccl_error")):
+        assert _root([line]).label == label, line
