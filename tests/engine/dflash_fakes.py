@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import torch
 
+from ddtree_ops.lab.standin.shadow import ForwardMode  # the stand-in of SGLang's ForwardMode, as the plugin asks it
+
 VERSIONS = ("0.5.17", "0.5.23")
 
 
@@ -68,24 +70,9 @@ def real_sampler_class(version: str) -> type:
     return scope["_DflashDraftSampler"]
 
 
-class Mode:
-    def __init__(self, name: str) -> None:
-        self.name = name
-
-    def is_extend(self) -> bool:
-        # SGLang's ForwardMode.is_extend() is also true of TARGET_VERIFY
-        return self.name in ("extend", "target_verify")
-
-    def is_target_verify(self) -> bool:
-        return self.name == "target_verify"
-
-    def is_idle(self) -> bool:
-        return self.name == "idle"
-
-
 class FakeBatch:
     def __init__(self, mode: str, reqs: list[Any] | None = None, seq_lens: list[int] | None = None) -> None:
-        self.forward_mode, self.is_extend_in_batch = Mode(mode), False
+        self.forward_mode, self.is_extend_in_batch = ForwardMode(mode), False
         self.reqs = reqs
         self.seq_lens = torch.tensor(seq_lens, dtype=torch.int64) if seq_lens is not None else None
 
@@ -136,7 +123,7 @@ class FakeDFlash:
     def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
         if batch.forward_mode.is_extend():
             return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
-        batch.forward_mode = Mode("target_verify")   # real 0.5.17 hands the batch back so (its log)
+        batch.forward_mode = ForwardMode("target_verify")   # real 0.5.17 hands the batch back so (its log)
         bs, width = len(self.accept), self.block_size
         hidden = self.draft_hidden(bs)
         if self._draft_sampler is not None and bs <= self.max_bs:    # draft_out.can_run_graph
@@ -206,7 +193,7 @@ class GreedyDFlash(FakeDFlash):
                 seq = self.seqs[id(r)] = list(r.origin_input_ids)
                 seq.append(target_next(tuple(seq), self.vocab))
             return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
-        batch.forward_mode = Mode("target_verify")
+        batch.forward_mode = ForwardMode("target_verify")
         L, V = self.block_size - 1, self.vocab
         bs = len(batch.reqs)
         hidden = torch.zeros(bs, self.block_size, V)

@@ -64,6 +64,7 @@ class SchedulerChild:
         os.read(r, 1)  # the child's own lines come before the scheduler's first line
         os.close(r)
         self.pid = pid
+        self.outlives_sigterm = outlives_sigterm
         self.status: Optional[int] = None
 
     @staticmethod
@@ -116,6 +117,7 @@ class Scheduler:
         self.state: Optional[State] = None
         self.child: Optional[SchedulerChild] = None
         self.watching = True
+        self.child_crashed = False  # the watcher reported a scheduler's death (and sent SIGQUIT)
         self.gracefully_exit = False
         self.shadow: Any = None
         self.timings = dict.fromkeys(lines.GRAPH_TIMING_PHASES, 0.0)
@@ -192,7 +194,7 @@ class Scheduler:
                     break
             if self.watching and code not in (None, 0):
                 sglog.error(lines.SUBPROCESS_CRASHED.format(name=f"scheduler_{i}", pid=child.pid, code=code))
-                self.watching = False
+                self.child_crashed, self.watching = True, False
                 os.kill(os.getpid(), signal.SIGQUIT)
                 return
 

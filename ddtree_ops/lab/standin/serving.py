@@ -87,6 +87,15 @@ async def sigterm_watchdog(s: Scheduler) -> None:
     """TokenizerManager.sigterm_watchdog: drain, then ask the scheduler to leave, then the tree."""
     while not s.gracefully_exit:
         await asyncio.sleep(5 * STOP_SCALE)
+    if s.child is not None and not s.child.outlives_sigterm:
+        # the scheduler dies of the same SIGTERM: the real SubprocessWatchdog reports that crash long
+        # before this 5 s loop wakes; here both loops are scaled down, so wait for the watcher (on a
+        # loaded machine the dying child may not even have run yet) instead of racing it
+        deadline = time.monotonic() + 10 * STOP_SCALE
+        while s.watching and not s.child_crashed and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if s.child_crashed:
+            return  # the watcher took it: crash line, SIGQUIT, the launcher's diagnostics
     while True:
         rids = list(s.state.inflight) if s.state is not None else []
         sglog.info(lines.GRACEFUL.format(n=len(rids), rids=rids))

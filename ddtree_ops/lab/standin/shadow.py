@@ -62,7 +62,9 @@ def plugin_mixin() -> tuple[Optional[type], str]:
     return ShadowWorkerMixin, ""
 
 
-class _Mode:
+class ForwardMode:
+    """SGLang's ForwardMode as the plugin asks it (also the engine tests' fake batches use it)."""
+
     def __init__(self, name: str) -> None:
         self.name = name
 
@@ -74,7 +76,7 @@ class _Mode:
         return self.name == "target_verify"
 
     def is_idle(self) -> bool:
-        return False
+        return self.name == "idle"
 
 
 class SimRequest:
@@ -94,7 +96,7 @@ class _Batch:
     def __init__(self, mode: str, commits: list[int], reqs: Optional[list[SimRequest]] = None) -> None:
         import torch
 
-        self.forward_mode, self.is_extend_in_batch, self.commits = _Mode(mode), mode == "extend", commits
+        self.forward_mode, self.is_extend_in_batch, self.commits = ForwardMode(mode), mode == "extend", commits
         self.reqs = reqs
         self.seq_lens = (torch.tensor([len(r.origin_input_ids) + len(r.output_ids) - 1 for r in reqs])
                          if reqs else None)
@@ -169,7 +171,7 @@ class SimDFlashWorker:
 
         if batch.forward_mode.is_extend():
             return types.SimpleNamespace(accept_lens=None, next_draft_input=None)
-        batch.forward_mode = _Mode("target_verify")   # as real 0.5.17 hands the batch back
+        batch.forward_mode = ForwardMode("target_verify")   # as real 0.5.17 hands the batch back
         bs, width = len(batch.commits), self.block_size
         full = self.sharpness * torch.randn(bs * width, SIM_HIDDEN, generator=self._gen)
         hidden = full.view(bs, width, -1)[:, 1:, :].reshape(-1, SIM_HIDDEN)
