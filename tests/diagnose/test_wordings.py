@@ -67,6 +67,63 @@ WORDINGS = [
     ("RuntimeError: The current installed version of g++ (14.2.0) is greater than the maximum required version by "
      "CUDA 12.4. Please make sure to use an adequate version of g++ (>=6.0.0, <14.0).", "flashinfer_jit_error",
      "torch/utils/cpp_extension.py"),
+    # ---- unclassified_crash: the driver says the GPU stopped answering (issue 20, third round)
+    ("NVRM: krcWatchdog_IMPL: RC watchdog: GPU is probably locked!  Notify Timeout Seconds: 7", "unclassified_crash",
+     "NVIDIA open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc_watchdog.c"),
+    ("NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has fallen off the bus and is "
+     "not responding to commands.", "unclassified_crash", "NVIDIA driver os-interface (the GPU gone from PCIe)"),
+    ("NVRM: GPU 0000:01:00.0: RmInitAdapter failed! (0x62:0x40:2028)", "unclassified_crash",
+     "NVIDIA driver (adapter initialisation, kernel log)"),
+    ("Unable to determine the device handle for GPU 0000:05:00.0: GPU is lost.  Reboot the system to recover this GPU",
+     "unclassified_crash", "nvidia-smi / NVML (NVML_ERROR_GPU_IS_LOST)"),
+    # ---- killed_by_signal: a launcher reporting its child's Popen.returncode, -N for signal N
+    ("[2024-02-06 06:23:39,510] [ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 'train.py', "
+     "'--local_rank=0'] exits with return code = -9", "killed_by_signal",
+     "deepspeed/launcher/launch.py (sigkill_handler)"),
+    ("CompletedProcess(args=['python3', '-m', 'sglang.launch_server'], returncode=-9)", "killed_by_signal",
+     "CPython Lib/subprocess.py (CompletedProcess.__repr__)"),
+    ("[2024-02-06 06:23:39,510] [ERROR] [launch.py:321:sigkill_handler] ['bash', 'run.sh'] exits with return code = 137",
+     "killed_by_signal", "deepspeed/launcher/launch.py (a shell child: 128 + 9)"),
+    # ---- spec_decode_misconfig: a draft checkpoint's weights that the loading class cannot place (vLLM's words)
+    ("ValueError: There is no module or parameter named 'midlayer' in LlamaForCausalLM", "spec_decode_misconfig",
+     "vllm/model_executor/models/utils.py (AutoWeightsLoader._load_module; EAGLE3's midlayer)"),
+    ("ValueError: There is no module or parameter named 'medusa_head' in Medusa", "spec_decode_misconfig",
+     "vllm/model_executor/models/utils.py (a draft class names the draft: vllm/model_executor/models/medusa.py)"),
+    ("ValueError: Following weights were not initialized from checkpoint: {'model.fc.weight'}", "spec_decode_misconfig",
+     "vllm/model_executor/model_loader/default_loader.py (EAGLE's fc)"),
+    # ... and not when only a base weight is named: nothing says the checkpoint is a draft
+    ("ValueError: There is no module or parameter named 'embed_tokens' in LlamaForCausalLM", "unclassified_crash",
+     "vllm/model_executor/models/utils.py (a bare LlamaModel checkpoint fails the same way)"),
+    # ---- a fatal signature inside a Python warning is still its cause (benign rules come after causes)
+    ("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: The NVIDIA driver "
+     "on your system is too old (found version 11040).", "cuda_driver_incompatible", "torch/cuda/__init__.py"),
+]
+
+# Lines that are harmless by what they are: reported as harmless, never a root cause.
+HARMLESS = [
+    # Python's warnings: any category, standard or a library's own, in warnings.py's FILE:LINE form
+    ("/usr/lib/python3/dist-packages/torch/_utils.py:831: UserWarning: TypedStorage is deprecated. It will be removed "
+     "in the future and UntypedStorage will be the only storage class.", "torch/storage.py (_warn_typed_storage_removal)"),
+    ("/app/model.py:12: TracerWarning: Converting a tensor to a Python boolean might cause the trace to be incorrect.",
+     "torch/jit/_trace.py (TracerWarning, a library's own category)"),
+    ("/usr/lib/python3.12/multiprocessing/popen_fork.py:66: RuntimeWarning: os.fork() was called. os.fork() is "
+     "incompatible with multithreaded code, and JAX is multithreaded, so this will likely lead to a deadlock.",
+     "jax (os.register_at_fork RuntimeWarning)"),
+    ("<frozen importlib._bootstrap>:488: DeprecationWarning: builtin type SwigPyPacked has no __module__ attribute",
+     "SWIG-built modules (faiss, sentencepiece) under CPython 3.12: a frozen frame, no FILE.py"),
+    # lines that say of themselves that they are normal
+    ("E llama_init_from_model: failed to initialize the context: Gemma4Assistant requires ctx_other to be set (this "
+     "warning is normal during memory fitting)", "llama.cpp src/llama-context.cpp"),
+    ("[2026-01-10 09:00:00 TP0] NVLink detection failed. This is normal if your machine has no NVLink equipped.",
+     "SGLang srt/distributed/device_communicators/custom_all_reduce_utils.py"),
+    ("name_or_path not provided, will work for all GPTSw3 models except gpt-sw3-7b, you are testing the model, this "
+     "can safely be ignored", "transformers/models/gpt_sw3/tokenization_gpt_sw3.py"),
+    # vLLM turning a CUDA-only feature off on another platform
+    ("WARNING 10-23 18:38:47 [cpu.py:316] Pin memory is not supported on CPU.", "vllm/platforms/cpu.py"),
+    ("WARNING 03-01 10:00:00 [utils.py:700] Using 'pin_memory=False' as WSL is detected. This may slow down the "
+     "performance.", "vllm/utils (is_pin_memory_available)"),
+    ("INFO 06-07 22:53:02 [importing.py:46] Triton is installed but 0 active driver(s) found (expected 1). Disabling "
+     "Triton to prevent runtime errors.", "vllm/triton_utils/importing.py"),
 ]
 
 
@@ -74,3 +131,10 @@ WORDINGS = [
 def test_a_wording_from_the_source_names_its_class(line: str, label: str, source: str) -> None:
     rep = classify([line])
     assert rep.root_cause is not None and rep.root_cause.label == label, (source, rep.root_cause)
+
+
+@pytest.mark.parametrize("line, source", HARMLESS, ids=[h[0][:50] for h in HARMLESS])
+def test_a_harmless_line_is_reported_harmless(line: str, source: str) -> None:
+    rep = classify([line])
+    assert rep.root_cause is None and rep.verdict == "healthy", (source, rep.root_cause)
+    assert [f.severity for f in rep.findings] == ["benign"], (source, rep.findings)
