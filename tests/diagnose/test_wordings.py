@@ -118,6 +118,14 @@ HARMLESS = [
      "SGLang srt/distributed/device_communicators/custom_all_reduce_utils.py"),
     ("name_or_path not provided, will work for all GPTSw3 models except gpt-sw3-7b, you are testing the model, this "
      "can safely be ignored", "transformers/models/gpt_sw3/tokenization_gpt_sw3.py"),
+    # SGLang switching its custom all-reduce off for this topology, in each wording of its checks
+    ("[2026-01-10 09:00:04 TP0] CustomAllreduce is disabled because your platform lacks GPU P2P capability or P2P "
+     "test failed. To silence this warning, specify disable_custom_all_reduce=True explicitly.",
+     "SGLang srt/distributed/device_communicators/custom_all_reduce_utils.py (cls_name CustomAllreduce)"),
+    ("[2026-01-10 09:00:04 TP0] CustomAllReduceV2 is disabled due to an unsupported world size: 6. Supported world "
+     "sizes: [2, 4, 6, 8].", "SGLang custom_all_reduce_utils.py (cls_name CustomAllReduceV2)"),
+    ("[2026-01-10 09:00:04 TP0] Custom quick allreduce is disabled because this process group spans across nodes.",
+     "SGLang srt/distributed/device_communicators/quick_all_reduce.py"),
     # vLLM turning a CUDA-only feature off on another platform
     ("WARNING 10-23 18:38:47 [cpu.py:316] Pin memory is not supported on CPU.", "vllm/platforms/cpu.py"),
     ("WARNING 03-01 10:00:00 [utils.py:700] Using 'pin_memory=False' as WSL is detected. This may slow down the "
