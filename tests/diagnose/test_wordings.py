@@ -94,6 +94,11 @@ WORDINGS = [
     # ... and not when only a base weight is named: nothing says the checkpoint is a draft
     ("ValueError: There is no module or parameter named 'embed_tokens' in LlamaForCausalLM", "unclassified_crash",
      "vllm/model_executor/models/utils.py (a bare LlamaModel checkpoint fails the same way)"),
+    # ---- native_abort: every fatal signal CPython's faulthandler names (Modules/faulthandler.c)
+    ("Fatal Python error: Bus error", "native_abort", "CPython Modules/faulthandler.c (SIGBUS)"),
+    ("Fatal Python error: Illegal instruction", "native_abort", "CPython Modules/faulthandler.c (SIGILL)"),
+    ("Fatal Python error: Floating point exception", "native_abort", "CPython Modules/faulthandler.c (SIGFPE)"),
+    ("*** SIGFPE received at time=1767000000 on cpu 3 ***", "native_abort", "abseil failure_signal_handler.cc"),
     # ---- a fatal signature inside a Python warning is still its cause (benign rules come after causes)
     ("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: The NVIDIA driver "
      "on your system is too old (found version 11040).", "cuda_driver_incompatible", "torch/cuda/__init__.py"),
