@@ -59,6 +59,19 @@ WORDINGS = [
      "torch/distributed/distributed_c10d.py"),
     ("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError", "nccl_error",
      "torch/distributed/elastic/rendezvous/api.py"),
+    ("torch.distributed.DistBackendError: [3] is setting up NCCL communicator and retrieving ncclUniqueId from [0] "
+     "via c10d key-value store by key '0', but store->get('0') got error: Connection reset by peer", "nccl_error",
+     "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (broadcastUniqueNCCLID)"),
+    ("RuntimeError: [1] is setting up NCCL communicator and retrieving ncclUniqueId from [0] via c10d key-value store "
+     "by key '0', but store->get('0') got error: Socket Timeout", "nccl_error",
+     "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (older torch raises it as RuntimeError)"),
+    # ---- watchdog_timeout: torch's NCCL watchdog reporting the work that timed out
+    ("[rank1]:[E1003 18:37:01.833621509 ProcessGroupNCCL.cpp:1709] [PG 0 (default_pg) Rank 1] Timeout at NCCL work: "
+     "6463, last enqueued NCCL work: 6463, last completed NCCL work: 6462.", "watchdog_timeout",
+     "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp (watchdog, timedOut)"),
+    # ---- unclassified_crash: the watchdog's exit line alone names no cause, but it is a death
+    ("[rank3]:[E321 02:07:08.465 ProcessGroupNCCL.cpp:627] [Rank 3] To avoid data inconsistency, we are taking the "
+     "entire process down.", "unclassified_crash", "torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp"),
     # ---- bad_launch_flags (gpu visibility)
     ("RuntimeError: device 1 is not visible (CUDA_VISIBLE_DEVICES=0)", "bad_launch_flags", "torch/cuda/__init__.py"),
     # ---- flashinfer_jit_error: the JIT toolchain itself
