@@ -36,6 +36,15 @@ WORDINGS = [
     ("huggingface_hub.errors.CachedRepoTreeNotFoundError: No cached tree listing found for 'Qwen/Qwen3-8B' (revision "
      "'main', commit 'a1b2c3', repo_type 'model') in '/root/.cache/huggingface/hub'.", "hf_download_blocked",
      "huggingface_hub/_snapshot_download.py"),
+    ("huggingface_hub.errors.OfflineModeIsEnabled: Cannot reach https://huggingface.co/api/models/Qwen/Qwen3-8B: "
+     "offline mode is enabled. To disable it, please unset the `HF_HUB_OFFLINE` environment variable.",
+     "hf_download_blocked", "huggingface_hub/utils/_http.py"),
+    ("ValueError: Cannot pass 'force_download=True' when offline mode is enabled.", "hf_download_blocked",
+     "huggingface_hub/file_download.py (_raise_on_head_call_error)"),
+    ("ValueError: We have no connection or you passed local_files_only, so force_download is not an accepted option.",
+     "hf_download_blocked", "huggingface_hub/file_download.py (0.1x releases)"),
+    ("ValueError: Connection error, and we cannot find the requested files in the cached path. Please try again or make "
+     "sure your Internet connection is on.", "hf_download_blocked", "transformers/file_utils.py (4.x before the hub split)"),
     # ---- model_not_found
     ("OSError: /models/Qwen3-8B is not a local folder or a valid repository name on 'https://hf.co'.",
      "model_not_found", "transformers/utils/hub.py (transformers 5)"),
