@@ -121,6 +121,19 @@ WORDINGS = [
     ("Fatal Python error: Illegal instruction", "native_abort", "CPython Modules/faulthandler.c (SIGILL)"),
     ("Fatal Python error: Floating point exception", "native_abort", "CPython Modules/faulthandler.c (SIGFPE)"),
     ("*** SIGFPE received at time=1767000000 on cpu 3 ***", "native_abort", "abseil failure_signal_handler.cc"),
+    ("terminate called without an active exception", "native_abort", "libstdc++ (std::terminate, no exception)"),
+    ("libc++abi: terminating due to uncaught exception of type std::runtime_error: vector", "native_abort",
+     "libc++abi (uncaught exception)"),
+    ("/app/ggml/src/ggml.c:1738: GGML_ASSERT(ggml_nelements(a) == ne0*ne1) failed", "native_abort",
+     "ggml/src/ggml.c (ggml_abort under GGML_ASSERT)"),
+    ("/llama.cpp/ggml/src/ggml-cuda/ggml-cuda.cu:75: CUDA error", "native_abort",
+     "ggml/src/ggml-cuda/ggml-cuda.cu (ggml_cuda_error aborts)"),
+    # ---- bad_launch_flags: llama.cpp's own argument parser (common/arg.cpp)
+    ("error: invalid argument: --max-loaded-loras", "bad_launch_flags", "llama.cpp common/arg.cpp"),
+    ('error while handling argument "--flash-attn": expected value for argument', "bad_launch_flags",
+     "llama.cpp common/arg.cpp"),
+    # ---- unclassified_crash: vLLM's engine process giving up, when nothing before it names why
+    ("ERROR 06-07 22:53:03 [core.py:700] EngineCore failed to start.", "unclassified_crash", "vllm/v1/engine/core.py"),
     # ---- a fatal signature inside a Python warning is still its cause (benign rules come after causes)
     ("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: The NVIDIA driver "
      "on your system is too old (found version 11040).", "cuda_driver_incompatible", "torch/cuda/__init__.py"),
