@@ -19,6 +19,22 @@ WORDINGS = [
     ("ggml_backend_cuda_buffer_type_alloc_buffer: allocating 9216.00 MiB on device 0: cudaMalloc failed: out of memory",
      "cuda_oom", "a CUDA runtime cudaMalloc failure as engines print it"),
     ("RuntimeError: cuDNN error: CUDNN_STATUS_ALLOC_FAILED", "cuda_oom", "cuDNN status enum"),
+    ("ggml_gallocr_reserve_n: failed to allocate CUDA0 buffer of size 2147483648", "cuda_oom",
+     "ggml/src/ggml-alloc.c (ggml_gallocr_reserve_n)"),
+    ("alloc_tensor_range: failed to allocate ROCm0 buffer of size 4294967296", "cuda_oom",
+     "ggml/src/ggml-alloc.c (alloc_tensor_range)"),
+    # ---- host_oom: torch's host allocator says it itself
+    ("RuntimeError: [enforce fail at alloc_cpu.cpp:114] data. DefaultCPUAllocator: not enough memory: you tried to "
+     "allocate 1073741824 bytes.", "host_oom", "c10/core/impl/alloc_cpu.cpp"),
+    ("RuntimeError: [enforce fail at CPUAllocator.cpp:64] . DefaultCPUAllocator: can't allocate memory: you tried to "
+     "allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)", "host_oom", "c10/core/CPUAllocator.cpp (torch 1.x)"),
+    # ---- nccl_error: other layers' words for an NCCL failure
+    ("RuntimeError: NCCL Error 2: unhandled system error (run with NCCL_DEBUG=INFO for details)", "nccl_error",
+     "torch/csrc/distributed/c10d/NCCLUtils.hpp (torch 1.x)"),
+    ("transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer 10.0.0.2<43123> with status=12 opcode=0 "
+     "len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1", "nccl_error", "nccl src/transport/net_ib.cc"),
+    ("NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129", "nccl_error",
+     "nccl src/transport/net_ib.cc (NCCL 2.1x)"),
     # ---- kv_pool_too_small: the pool cannot hold even one request at startup
     ("AssertionError: Memory pool size is too small", "kv_pool_too_small", "srt/managers/tp_worker.py"),
     ("RuntimeError: SWA pool cap (4096 tokens, 1.25 GiB) leaves no room for the full KV pool within the available "
