@@ -150,6 +150,26 @@ WORDINGS = [
      "llama.cpp common/arg.cpp"),
     # ---- unclassified_crash: vLLM's engine process giving up, when nothing before it names why
     ("ERROR 06-07 22:53:03 [core.py:700] EngineCore failed to start.", "unclassified_crash", "vllm/v1/engine/core.py"),
+    # ---- port_bind_error: llama.cpp's server names no errno
+    ("main: couldn't bind HTTP server socket, hostname: 127.0.0.1, port: 8080", "port_bind_error",
+     "llama.cpp tools/server/server.cpp"),
+    # ---- bad_launch_flags (gpu visibility): the CUDA runtime finds no device at all
+    ("RuntimeError: CUDA error: no CUDA-capable device is detected", "bad_launch_flags", "CUDA runtime (cudaErrorNoDevice)"),
+    ("ggml_cuda_init: failed to initialize CUDA: no CUDA-capable device is detected", "bad_launch_flags",
+     "ggml/src/ggml-cuda/ggml-cuda.cu (ggml_cuda_init)"),
+    # ---- spec_decode_misconfig: llama.cpp refusing the draft for its target
+    ("srv    load_model: the draft model '/models/qwen3-0.6b.gguf' is not compatible with the target model "
+     "'/models/llama3-8b.gguf'", "spec_decode_misconfig", "llama.cpp tools/server/server.cpp"),
+    ("common_speculative_are_compatible: draft vocab vocab must match target vocab to use speculation but token 151643 "
+     "content differs - target '<|endoftext|>', draft '<|im_end|>'", "spec_decode_misconfig",
+     "llama.cpp common/speculative.cpp"),
+    ("common_speculative_are_compatible: draft model vocab must closely match target model to use speculation but "
+     "target vocab size 151936 does not match draft vocab size 32000 - difference 119936, max allowed 128",
+     "spec_decode_misconfig", "llama.cpp common/speculative.cpp"),
+    # ---- unclassified_crash: a Rust panic no rule names (Rust-based servers and routers)
+    ("thread 'main' panicked at router/src/main.rs:110:10:", "unclassified_crash", "Rust std panicking.rs (1.73+)"),
+    ("thread 'tokio-runtime-worker' panicked at 'called `Option::unwrap()` on a `None` value', src/lib.rs:42:9",
+     "unclassified_crash", "Rust std panicking.rs (before 1.73)"),
     # ---- a fatal signature inside a Python warning is still its cause (benign rules come after causes)
     ("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: The NVIDIA driver "
      "on your system is too old (found version 11040).", "cuda_driver_incompatible", "torch/cuda/__init__.py"),
