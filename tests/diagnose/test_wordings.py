@@ -28,6 +28,15 @@ WORDINGS = [
      "allocate 1073741824 bytes.", "host_oom", "c10/core/impl/alloc_cpu.cpp"),
     ("RuntimeError: [enforce fail at CPUAllocator.cpp:64] . DefaultCPUAllocator: can't allocate memory: you tried to "
      "allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)", "host_oom", "c10/core/CPUAllocator.cpp (torch 1.x)"),
+    # ---- host_oom: Ray's memory monitor, whose exception is also named OutOfMemoryError
+    ("ray.exceptions.OutOfMemoryError: Task was killed due to the node running low on memory.", "host_oom",
+     "ray python/ray/exceptions.py (OutOfMemoryError)"),
+    ("(raylet) [2025-01-01 00:00:00,000 E 123 123] (raylet) node_manager.cc:3069: 1 Workers (tasks / actors) killed "
+     "due to memory pressure (OOM), 0 Workers crashed due to other reasons at node (ID: abc, IP: 10.0.0.1) over the "
+     "last time period.", "host_oom", "ray src/ray/raylet/node_manager.cc"),
+    # ---- unclassified_crash: vLLM's executor losing a worker, when nothing before it names why
+    ("ERROR 06-07 22:53:03 [multiproc_executor.py:140] Worker proc VllmWorker-0 died unexpectedly, shutting down "
+     "executor.", "unclassified_crash", "vllm/v1/executor/multiproc_executor.py"),
     # ---- nccl_error: other layers' words for an NCCL failure
     ("RuntimeError: NCCL Error 2: unhandled system error (run with NCCL_DEBUG=INFO for details)", "nccl_error",
      "torch/csrc/distributed/c10d/NCCLUtils.hpp (torch 1.x)"),
