@@ -114,6 +114,11 @@ WORDINGS = [
     ("RuntimeError: The current installed version of g++ (14.2.0) is greater than the maximum required version by "
      "CUDA 12.4. Please make sure to use an adequate version of g++ (>=6.0.0, <14.0).", "flashinfer_jit_error",
      "torch/utils/cpp_extension.py"),
+    ("subprocess.CalledProcessError: Command '['ninja', '-v']' returned non-zero exit status 1.",
+     "flashinfer_jit_error", "torch/utils/cpp_extension.py (_run_ninja_build)"),
+    # ---- triton_compile_error: Triton cannot build its launcher
+    ("RuntimeError: Failed to find C compiler. Please specify via CC environment variable or set "
+     "triton.knobs.build.impl.", "triton_compile_error", "triton/runtime/build.py"),
     # ---- unclassified_crash: the driver says the GPU stopped answering (issue 20, third round)
     ("NVRM: krcWatchdog_IMPL: RC watchdog: GPU is probably locked!  Notify Timeout Seconds: 7", "unclassified_crash",
      "NVIDIA open-gpu-kernel-modules src/nvidia/src/kernel/gpu/rc/kernel_rc_watchdog.c"),
