@@ -89,6 +89,9 @@ class Rule:
     frames: tuple[str, ...] = ()  # any frame of the traceback holds one of these
     raised_in: tuple[str, ...] = ()  # a frame that raised (innermost two, innermost engine frame) holds one
     defer_within: int = 0
+    # a benign record whose logger attaches a traceback (logger.exception): an exception no rule
+    # names, in the traceback that starts on the next line, is part of this harmless record
+    covers_traceback: bool = False
     xid_hardware: frozenset[int] = frozenset()
     context: str | None = None  # what the line tells about the start (CONTEXTS)
     resolve: str | None = None  # a function that names the cause from the context (context.RESOLVERS)
@@ -203,6 +206,8 @@ def _rule(raw: dict[str, Any], order: int) -> Rule:
         raise CatalogueError(f"{where}: context must be one of {', '.join(c for c in CONTEXTS if c)}")
     if raw.get("resolve") is not None and raw["resolve"] not in RESOLVERS:
         raise CatalogueError(f"{where}: resolve must be one of {', '.join(RESOLVERS)}")
+    if raw.get("covers_traceback") and raw["role"] != "benign":
+        raise CatalogueError(f"{where}: covers_traceback is for benign rules only")
     patterns = raw["patterns"]
     if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) for p in patterns):
         raise CatalogueError(f"{where}: patterns must be a non-empty list of strings")
@@ -225,6 +230,7 @@ def _rule(raw: dict[str, Any], order: int) -> Rule:
         profile_key=remedy.get("profile_key"), references=tuple(str(r) for r in raw.get("references", [])),
         frames=tuple(raw.get("frames", [])), raised_in=tuple(raw.get("raised_in", [])),
         defer_within=int(raw.get("defer_within", 0)),
+        covers_traceback=bool(raw.get("covers_traceback", False)),
         xid_hardware=frozenset(int(x) for x in raw.get("xid_hardware", [])),
         context=raw.get("context"), resolve=raw.get("resolve"), variants=variants,
         digit_sensitive=any(digit_sensitive(p) for p in patterns),

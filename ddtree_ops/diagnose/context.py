@@ -220,8 +220,14 @@ def resolve_capture_unsupported(c: Clues) -> Resolution:
     return Resolution("model_class", facts, _launch(c.ctx) if c.ctx.algorithm else "")
 
 
-_DRAFT_WEIGHT = re.compile(r"midlayer|(^|\.)fc\.|eagle|mtp|dflash|draft|(^|\.)(enorm|hnorm|eh_proj)\b", re.I)
+_DRAFT_WEIGHT = re.compile(r"midlayer|(^|\.)fc(\.|$)|eagle|mtp|dflash|draft|(^|\.)(enorm|hnorm|eh_proj)\b", re.I)
 _KEY_RX = re.compile(r"KeyError: '([^']{1,200})'")
+# vLLM's AutoWeightsLoader names the checkpoint weight and the class that cannot place it
+# (vllm/model_executor/models/utils.py), and its loader the model's weights the checkpoint lacked
+# (vllm/model_executor/model_loader/default_loader.py): the class is in the message, not in a frame
+_UNMAPPED_RX = re.compile(r"There is no module or parameter named '([^']{1,200})' in ([A-Za-z_][A-Za-z0-9_]*)"
+                          r"|weights were not initialized from checkpoint: *[{\[]?'([^']{1,200})'")
+_DRAFT_CLASS = re.compile(r"eagle|medusa|mtp|nextn|dflash|dspark|draft", re.I)
 _DRAFT_MODEL_FILE = re.compile(r"/models/[a-z0-9_]*(eagle|dflash|dspark|mtp|nextn|draft|medusa)[a-z0-9_]*\.py$")
 
 
@@ -234,14 +240,17 @@ def resolve_draft_weights(c: Clues) -> Resolution:
     the name is one only drafts have (EAGLE3's `midlayer`, EAGLE's `fc`, MTP's `eh_proj`), when
     the class loading it is a draft model, or when the speculative worker is loading it."""
     m = _KEY_RX.search(c.text)
-    weight = m.group(1) if m else ""
+    u = _UNMAPPED_RX.search(c.text)
+    weight = m.group(1) if m else (u.group(1) or u.group(3)) if u else ""
+    named_cls = u.group(2) if u and u.group(2) else ""
     loader = _loader(c.frames)
     draft_named = bool(weight) and _DRAFT_WEIGHT.search(weight) is not None
-    draft_class = loader is not None and _DRAFT_MODEL_FILE.search(loader.path) is not None
+    draft_class = ((loader is not None and _DRAFT_MODEL_FILE.search(loader.path) is not None)
+                   or _DRAFT_CLASS.search(named_cls) is not None)
     spec = any("/speculative/" in f.path for f in c.frames)
     if not (draft_named or draft_class or spec):
         return DECLINE
-    where = loader.short() if loader is not None else "load_weights"
+    where = loader.short() if loader is not None else named_cls or "load_weights"
     facts = {"weight": weight or "a weight", "loader": where, "algorithm": (c.ctx.algorithm or "").upper()}
     if draft_named and not draft_class:
         return Resolution("draft_format", facts, f"{weight!r} is a draft-only weight, loaded by {where}")

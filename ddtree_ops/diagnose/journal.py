@@ -48,6 +48,8 @@ _PREFIX = re.compile(
     | \[rank[0-9]{1,6}\]:\ ?
       # docker compose "sglang-1  | "
     | [A-Za-z0-9_.-]{1,64}\ {1,40}\|(?:\ |$)
+      # a log viewer's or paste's line number "[80746] " (digits only, then a space)
+    | \[[0-9]{1,9}\]\ (?=\S)
     )""",
     re.X,
 )
@@ -59,8 +61,18 @@ _RECORD = re.compile(
       \[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[ A-Z0-9]{0,40})?\]\ ?
       # vLLM: "ERROR 03-02 19:49:43 [file.py:12] ", and before 0.6 "ERROR 01-12 03:08:10 engine.py:135] "
     | (?:INFO|WARNING|ERROR|DEBUG|CRITICAL|WARN)\ [0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,6})?\ (?:\[[^\]]{1,200}\]|[A-Za-z0-9_.-]{1,200}:[0-9]{1,7}\])\ ?
-      # Python logging's "%(asctime)s - %(name)s - %(levelname)s - " (a wrapper such as olmocr logging the server's lines)
-    | [0-9]{4}-[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,6})?\ -\ [^ ]{1,200}\ -\ (?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\ -\ ?
+      # Python logging's "%(asctime)s - %(name)s - %(levelname)s - " (a wrapper such as olmocr logging the server's
+      # lines), and without the name
+    | [0-9]{4}-[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,6})?\ -\ (?:[^ ]{1,200}\ -\ )?(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\ -\ ?
+      # Python logging's "%(asctime)s [%(levelname)s] %(name)s: " (sglang-omni, many launchers), the name a
+      # lower-case dotted module (an exception's own name, "torch.OutOfMemoryError: ", is the message)
+    | \[?[0-9]{4}-[0-9]{2}-[0-9]{2}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:[.,][0-9]{1,6})?\]?\ \[(?:DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)\]\ 
+      (?:\[[A-Za-z0-9_.-]{1,200}:[0-9]{1,7}(?::[A-Za-z0-9_<>]{1,200})?\]\ ?   # DeepSpeed "[launch.py:321:sigkill_handler] "
+       | [a-z_][A-Za-z0-9_.]{0,200}(?<!Error)(?<!Exception)(?<!Warning)(?<!Interrupt)(?<!Exit):\ )?
+      # glog (abseil, XLA/JAX, torch C++, Ray's C++ parts): "E0523 10:00:00.123456  1234 file.cc:12] ",
+      # and torch's bracketed "[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] "
+    | [IWEF][0-9]{3,4}\ [0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{1,9}\ +[0-9]{1,10}\ [^ \]]{1,200}:[0-9]{1,7}\]\ ?
+    | \[[IWEF][0-9]{3,4}\ [0-9]{2}:[0-9]{2}:[0-9]{2}(?:\.[0-9]{1,9})?\ (?:[0-9]{1,10}\ )?[^ \]]{1,200}:[0-9]{1,7}\]\ ?
     )""",
     re.X,
 )

@@ -98,6 +98,7 @@ class Scanner:
         self._ready_line: int | None = None
         self._memory = MemoryFacts()
         self._accept = AcceptTracker()
+        self._harmless_record = -2  # the line of the last benign record that covers the traceback after it
         self._claimed: dict[str, int] = {}  # rule id -> lines it claimed (info and benign rules too)
         self._json: bool | None = None  # decided on the first non-blank input
         self._partial = b""  # an incomplete last line from feed_bytes
@@ -529,6 +530,13 @@ class Scanner:
         if self._ctx.stop_line is not None and rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning"):
             severity = "benign"
             meaning = (f"Shutdown after the stop requested at line {self._ctx.stop_line}, not a crash. " + meaning).strip()
+        if rule.covers_traceback and severity == "benign":
+            self._harmless_record = lineno
+        elif rule.role == "backstop" and group is not None and self._tb.starts.get(group) == self._harmless_record + 1:
+            # the traceback logger.exception printed under a record that says it is normal
+            severity = "benign"
+            meaning = (f"Part of the harmless record at line {self._harmless_record} (its logger attached the "
+                       f"traceback), not a crash. " + meaning).strip()
         held = group is not None and self._tb.open and rule.role in _HELD_ROLES
         if not held and self._per_rule.get(rule.id, 0) >= MAX_PER_RULE:
             # the rule has its examples: count this one without building it
@@ -568,7 +576,8 @@ class Scanner:
         rule = self._backstop
         if rule is not None and self._tb.open and not any(f.role != "consequence" for f in out):
             start = self._tb.starts.get(self._tb.group, 0)
-            severity = "benign" if self._ctx.stop_line is not None else rule.severity
+            covered = self._ctx.stop_line is not None or start == self._harmless_record + 1
+            severity = "benign" if covered else rule.severity
             out.append(Finding(label=rule.label, severity=severity, line=start, text=journal.TRACEBACK_HEADER,
                                evidence=journal.TRACEBACK_HEADER, remedy=rule.remedy, profile_key=None,
                                direction=None, rule_id=rule.id, role="backstop", meaning=rule.meaning,

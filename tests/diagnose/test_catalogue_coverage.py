@@ -35,6 +35,8 @@ HELD_BY = {
     "memory_facts": "test_corpus.py::test_memory_lines_are_parsed_into_numbers",
     "pyspy_missing": "test_verdicts.py::test_secondary_symptoms_say_what_they_add",
     "common_ops_banner": "test_verdicts.py::test_secondary_symptoms_say_what_they_add",
+    # the Xid's class (hardware: do not roll back) is what it adds over gpu_unresponsive's label
+    "nvidia_xid": "test_corpus.py::test_hardware_xid_says_do_not_roll_back",
     "child_failed": "test_real_sglang.py::test_a_crash_after_ready_without_a_stop_is_still_a_failure",
 }
 

@@ -47,6 +47,21 @@ from ddtree_ops.diagnose.journal import TracebackTracker, clean_line, json_messa
     # Python logging's "%(asctime)s - %(name)s - %(levelname)s - " around SGLang's own record (olmocr)
     ("2025-03-07 23:50:27,532 - __main__ - INFO - [2025-03-07 23:50:27 TP0] Init torch distributed begin.",
      "Init torch distributed begin."),
+    # ... without the name ("%(asctime)s - %(levelname)s - %(message)s")
+    ("2026-01-04 10:00:00,123 - ERROR - RuntimeError: boom", "RuntimeError: boom"),
+    # "%(asctime)s [%(levelname)s] %(name)s: " (sglang-omni, logcorpus 717): the module name goes, an exception's stays
+    ("2026-04-23 06:34:19,487 [ERROR] sglang.srt.managers.scheduler: RuntimeError: boom", "RuntimeError: boom"),
+    ("2026-04-23 06:34:19,487 [ERROR] torch.OutOfMemoryError: CUDA out of memory.", "torch.OutOfMemoryError: CUDA out of memory."),
+    # DeepSpeed's launcher (deepspeed/utils/logging.py: "[%(asctime)s] [%(levelname)s] [%(filename)s:%(lineno)d:%(funcName)s] ")
+    ("[2024-02-06 06:23:39,510] [ERROR] [launch.py:321:sigkill_handler] ['python'] exits with return code = -9",
+     "['python'] exits with return code = -9"),
+    # glog (abseil, XLA/JAX, Ray's C++ parts) and torch C++'s bracketed form (c10/util/Logging.cpp)
+    ("E0523 10:00:00.123456  1234 cuda_dnn.cc:535] RuntimeError: boom", "RuntimeError: boom"),
+    ("[rank0]:[E321 02:07:08.408271257 ProcessGroupNCCL.cpp:607] [Rank 0] Watchdog caught collective operation timeout",
+     "[Rank 0] Watchdog caught collective operation timeout"),
+    # a log viewer's line number before the line (logcorpus 700), and a shell's job line that is not one
+    ("[80746] Killed", "Killed"),
+    ("[1]+  Killed                  python3 -m sglang.launch_server", "[1]+  Killed                  python3 -m sglang.launch_server"),
 ])
 def test_prefixes_are_stripped(raw: str, text: str) -> None:
     assert clean_line(raw)[0] == text
