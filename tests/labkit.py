@@ -2,7 +2,7 @@
 operator runs it against the lab, and the lab hosts read through the tool's own Host (real SSH).
 
 Imported as `labkit` (tests/ is on sys.path: pytest puts the directory of tests/conftest.py there).
-Tests never read ../shared or /work/shared.
+Everything a test reads is inside this repository (test data lives under tests/data).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ _SHAPES = _scenarios.model_configs()
 REAL = REPO / "tests" / "data" / "real-sglang" / "0.5.17"
 MODELS = REPO / "bench" / "realsglang" / "models"
 # log -> (summary, run name in it, the draft's target_layer_ids in that run). Run 1 used a draft
-# with target_layer_ids [1, 3] on the 4-layer target (/work/shared/real-sglang/README.md: the
+# with target_layer_ids [1, 3] on the 4-layer target (tests/data/real-sglang/0.5.17/INDEX.md: the
 # "layers13" logs), run 2 the committed draft ([0, 2]).
 RUNS = {
     "1_base_nograph": ("1_summary.txt", "base_nograph", None),
