@@ -312,6 +312,15 @@ def netns_pids(netns: str) -> list[int]:
     return [int(tok) for tok in res.stdout.split() if tok.isdigit()]
 
 
+def remove_network(h: HostState) -> None:
+    """Delete the host's namespace and its veth, where they exist (best effort: `down` reports
+    what is left)."""
+    if Path(f"/run/netns/{h.netns}").exists():
+        _sys.run(["ip", "netns", "del", h.netns], timeout=15, check=False)
+    if Path(f"/sys/class/net/{h.veth}").exists():
+        _sys.run(["ip", "link", "del", h.veth], timeout=15, check=False)
+
+
 def claim_netns(h: HostState) -> None:
     """Make the host's network namespace name free before `up` creates it. Host names are global to
     the machine, whatever lab home a session uses: a namespace of the same name with no process in
@@ -323,10 +332,7 @@ def claim_netns(h: HostState) -> None:
         raise LabError(f"{h.name}: another lab on this machine is running this host (network namespace "
                        f"{h.netns}, pids {' '.join(map(str, pids[:5]))}); take it down with `ddtree-ops lab "
                        f"down` under that lab's DDTREE_LAB_HOME, or use that lab")
-    if Path(f"/run/netns/{h.netns}").exists():
-        _sys.run(["ip", "netns", "del", h.netns], timeout=15, check=False)
-    if Path(f"/sys/class/net/{h.veth}").exists():
-        _sys.run(["ip", "link", "del", h.veth], timeout=15, check=False)
+    remove_network(h)
 
 
 def wait_booted(paths: Paths, h: HostState, timeout: float = BOOT_TIMEOUT_S) -> None:
@@ -366,10 +372,7 @@ def stop_host(paths: Paths, h: HostState) -> list[str]:
     if pid is None and netns_pids(h.netns):
         # never booted by this lab, and processes live in it: another lab's host, not ours to remove
         return problems
-    if Path(f"/run/netns/{h.netns}").exists():
-        _sys.run(["ip", "netns", "del", h.netns], timeout=15, check=False)
-    if Path(f"/sys/class/net/{h.veth}").exists():
-        _sys.run(["ip", "link", "del", h.veth], timeout=15, check=False)
+    remove_network(h)
     tree.cleanup_nspawn_leftovers(h.name)
     if not is_mount(h.root):
         _sys.run(["rm", "-rf", "--one-file-system", str(paths.host_dir(h.name))], timeout=120, check=False)
