@@ -85,9 +85,28 @@ def model_facts(cfg: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def engine_run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    """The pair helper's engine decode of the same prompts at the same budget."""
+def made_engine_run(path: Path, args: argparse.Namespace, n_prompts: int) -> dict[str, Any]:
+    """An engine_run.py JSON made earlier (the device call before this one, while the machine was
+    warm), accepted only if it decoded what the servers will: the same budget, tokens and prompts."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--engine-json {path}: {exc}") from None
+    want = {"budget": args.budget, "max_new": args.max_new, "prompts": n_prompts, "complete": True}
+    wrong = {k: doc.get(k) for k, v in want.items() if doc.get(k) != v}
+    if wrong:
+        raise SystemExit(f"--engine-json {path}: made with {wrong}, this run needs {want}")
+    arms.say(f"ENGINE from {path}: tau_chain {doc.get('tau_chain')} tau_tree {doc.get('tau_tree')}")
+    return doc
+
+
+def engine_run(args: argparse.Namespace, work: Path, made: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pair helper's engine decode of the same prompts at the same budget (or `made`, one
+    already checked by made_engine_run, kept beside the logs)."""
     out = work / "engine.json"
+    if made is not None:
+        out.write_text(json.dumps(made))
+        return made
     argv = [sys.executable, str(args.engine_run), "--pair", str(args.pair), "--budget", str(args.budget),
             "--max-new", str(args.max_new), "--prompts", str(args.prompts), "--no-shadow", "--out", str(out),
             "--device", "cpu" if args.standin else "cuda"]
@@ -177,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--cost-ratio", default="engine", help="engine | default | a number")
     ap.add_argument("--engine-run", type=Path, default=REPO / "bench" / "pair" / "engine_run.py")
+    ap.add_argument("--engine-json", type=Path, default=None,
+                    help="an engine_run.py JSON already made with these --budget/--max-new/--prompts (not run again)")
     ap.add_argument("--engine-timeout-s", type=float, default=200.0)
     ap.add_argument("--ready-s", type=float, default=200.0)
     args = ap.parse_args(argv)
@@ -190,8 +211,9 @@ def main(argv: list[str] | None = None) -> int:
     if longest > context:
         raise SystemExit(f"{args.pair / 'prompts.json'}: the longest prompt plus --long-max-new {args.long_max_new} "
                          f"({longest} tokens) exceeds the target's context {context}")
+    made = made_engine_run(args.engine_json, args, len(prompts)) if args.engine_json is not None else None
     host, info, logs = arms.init(args, "truth")
-    engine = engine_run(args, logs)
+    engine = engine_run(args, logs, made)
     measured = engine_cost_ratio(engine)
     if args.cost_ratio == "engine" and measured is not None:
         ratio, source = measured, "engine run on this pair: (tau_tree / tok_s_tree) / (tau_chain / tok_s_chain)"

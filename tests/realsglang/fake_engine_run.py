@@ -20,4 +20,5 @@ prompts = json.loads((a.pair / "prompts.json").read_text())["prompts"][:a.prompt
 a.out.write_text(json.dumps({"tau_chain": 2.4, "tau_tree": 2.9, "budget": a.budget, "lossless": True,
                              "tok_s_chain": 100.0, "tok_s_tree": 110.0, "tok_s_ar": 50.0,
                              "rounds_chain": 10 * len(prompts), "rounds_tree": 8 * len(prompts),
-                             "prompts_asked": a.prompts, "no_shadow": a.no_shadow, "standin": "fake_engine_run.py"}))
+                             "prompts_asked": a.prompts, "no_shadow": a.no_shadow, "standin": "fake_engine_run.py",
+                             "prompts": len(prompts), "max_new": a.max_new, "complete": True}))

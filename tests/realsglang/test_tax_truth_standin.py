@@ -86,12 +86,22 @@ def tiny_pair(where: Path) -> Path:
     return where
 
 
-def test_truth_group_serves_the_pair_and_holds_the_shadow_to_its_checks(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["run", "made-earlier"])
+def test_truth_group_serves_the_pair_and_holds_the_shadow_to_its_checks(tmp_path: Path, engine: str) -> None:
+    """engine "run": truth runs the engine's decode itself; "made-earlier": the device call before
+    made it (--engine-json) and truth only serves."""
     pair = tiny_pair(tmp_path / "pair")
     out = tmp_path / "out"
+    fake = REPO / "tests" / "realsglang" / "fake_engine_run.py"
+    source = ["--engine-run", str(fake)]
+    if engine == "made-earlier":
+        made = tmp_path / "engine_run.json"
+        subprocess.run([sys.executable, str(fake), "--pair", str(pair), "--budget", "16", "--max-new", "48",
+                        "--prompts", "10", "--no-shadow", "--out", str(made)], check=True, timeout=60)
+        source = ["--engine-json", str(made), "--engine-run", str(tmp_path / "absent.py")]
     proc = subprocess.run([sys.executable, str(BENCH / "truth.py"), "--standin", "--root", str(tmp_path / "rs"),
                            "--out", str(out), "--port", str(free_ports(6)), "--pair", str(pair), "--budget", "16",
-                           "--max-new", "48", "--long-max-new", "96", "--prompts", "10", "--engine-run", str(REPO / "tests" / "realsglang" / "fake_engine_run.py")],
+                           "--max-new", "48", "--long-max-new", "96", "--prompts", "10", *source],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "shadow_truth.json").read_text())
@@ -136,3 +146,21 @@ def test_truth_refuses_a_pair_without_prompts_before_starting_anything(tmp_path:
     assert proc.returncode != 0
     assert f"{pair / 'prompts.json'}: 'prompts' must be a non-empty list of token-id lists" in proc.stderr
     assert not (tmp_path / "rs").exists() and not (tmp_path / "out").exists()
+
+
+def test_truth_takes_an_engine_run_made_earlier_only_if_it_decoded_the_same_work(tmp_path: Path) -> None:
+    """The device call before truth's may run the engine (truth's own call then only serves): its
+    JSON is refused, naming the difference, if its budget, tokens or prompts differ, or if the run
+    was cut short, and nothing starts."""
+    pair = tiny_pair(tmp_path / "pair")
+    made = tmp_path / "engine_run.json"
+    base = [sys.executable, str(BENCH / "truth.py"), "--standin", "--root", str(tmp_path / "rs"),
+            "--out", str(tmp_path / "out"), "--pair", str(pair), "--engine-json", str(made),
+            "--budget", "16", "--max-new", "48", "--prompts", "10"]
+    for wrong, named in (({"budget": 32}, "'budget': 32"), ({"prompts": 32}, "'prompts': 32"),
+                         ({"complete": False}, "'complete': False")):
+        made.write_text(json.dumps({"tau_chain": 2.4, "tau_tree": 2.9, "budget": 16, "max_new": 48, "prompts": 10,
+                                    "complete": True, **wrong}))
+        proc = subprocess.run(base, capture_output=True, text=True, timeout=120, cwd=REPO)
+        assert proc.returncode != 0 and f"--engine-json {made}: made with {{{named}}}" in proc.stderr, proc.stderr
+        assert not (tmp_path / "rs").exists() and not (tmp_path / "out").exists()
