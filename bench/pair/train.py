@@ -149,8 +149,15 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
     tcfg = target_mod.target_config(scale, transformers.__version__)
     torch.manual_seed(seed)
     model = target_mod.build_model(tcfg, device)
-    attention = sdpa_kernel([SDPBackend.MATH]) if device.startswith("cuda") else _null()
-    with attention:
+    # a fresh context for each phase (sdpa_kernel's is single-use); on CPU every backend stays
+    # allowed, so the CPU runs keep their kernels and the same path is exercised here
+    backends = [SDPBackend.MATH] if device.startswith("cuda") else \
+        [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+    def attention() -> Any:
+        return sdpa_kernel(backends)
+
+    with attention():
         curve_t, evals = target_mod.train(
             model, scale, tokens, seed, device, progress=say,
             evaluate=lambda m, k: target_mod.heldout_stats(m, windows[:k], device)["heldout_loss"])
@@ -189,7 +196,7 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
     draft = DFlashDraft(spec)
     draft.init_weights()
     draft.to(device)
-    with attention:
+    with attention():
         curve_d = draft_train.train(draft, model, seqs, scale, seed, device, progress=say)
     lap("draft_train")
     draft = draft.to(torch.bfloat16)
@@ -256,14 +263,6 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
     shutil.rmtree(old, ignore_errors=True)
     say(f"wrote {out} in {walls['total']:.0f} s (target {n_target / 1e6:.1f} M params, draft {n_draft / 1e6:.1f} M)")
     return meta
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 if __name__ == "__main__":
