@@ -184,6 +184,13 @@ WORDINGS = [
     ("thread 'main' panicked at router/src/main.rs:110:10:", "unclassified_crash", "Rust std panicking.rs (1.73+)"),
     ("thread 'tokio-runtime-worker' panicked at 'called `Option::unwrap()` on a `None` value', src/lib.rs:42:9",
      "unclassified_crash", "Rust std panicking.rs (before 1.73)"),
+    # ---- cuda_graph_capture: every error of the CUDA runtime's stream-capture family, as torch raises it
+    ("RuntimeError: CUDA error: capturing stream has unjoined work", "cuda_graph_capture",
+     "CUDA runtime cudaErrorStreamCaptureUnjoined (torch c10/cuda CUDA error)"),
+    ("RuntimeError: CUDA error: operation would make the legacy stream depend on a capturing blocking stream",
+     "cuda_graph_capture", "CUDA runtime cudaErrorStreamCaptureImplicit"),
+    ("RuntimeError: CUDA error: operation not permitted on an event last recorded in a capturing stream",
+     "cuda_graph_capture", "CUDA runtime cudaErrorCapturedEvent"),
     # ---- a fatal signature inside a Python warning is still its cause (benign rules come after causes)
     ("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: The NVIDIA driver "
      "on your system is too old (found version 11040).", "cuda_driver_incompatible", "torch/cuda/__init__.py"),
