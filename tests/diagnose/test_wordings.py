@@ -191,6 +191,12 @@ WORDINGS = [
      "cuda_graph_capture", "CUDA runtime cudaErrorStreamCaptureImplicit"),
     ("RuntimeError: CUDA error: operation not permitted on an event last recorded in a capturing stream",
      "cuda_graph_capture", "CUDA runtime cudaErrorCapturedEvent"),
+    # ---- kernel_op_missing: the engine imports or looks up an op its kernel package lacks
+    ("ImportError: cannot import name 'fp8_blockwise_scaled_mm' from 'sgl_kernel.gemm' "
+     "(/usr/lib/python3/dist-packages/sgl_kernel/gemm.py)", "kernel_op_missing",
+     "CPython import of a name an older sgl-kernel module lacks (SGLang layers/quantization imports)"),
+    ("AttributeError: module 'vllm._C' has no attribute 'gptq_marlin_repack'", "kernel_op_missing",
+     "CPython attribute lookup on vllm's compiled _C module"),
     # ---- a fatal signature inside a Python warning is still its cause (benign rules come after causes)
     ("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: The NVIDIA driver "
      "on your system is too old (found version 11040).", "cuda_driver_incompatible", "torch/cuda/__init__.py"),
