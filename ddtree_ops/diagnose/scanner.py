@@ -50,7 +50,10 @@ _SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|
 # a line that can end a traceback: what the frames before it were raising
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 _XID_RX = re.compile(r"NVRM: Xid \([^)]{0,64}\): ([0-9]{1,4})")
-_RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(")
+# source lines a traceback quotes, seen without their frame line (an excerpt that starts inside
+# them): the raising statement, or an indented f-string literal with a {placeholder} (a message
+# template, never a message: a logged message has its placeholders filled in)
+_RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(|\s+[rb]?f[\"'].{0,400}\{[^}]{1,200}\}")
 _INLINE_RAISE = re.compile(r'(", line [0-9]+, in [^ ]{1,200} )raise [A-Za-z_][A-Za-z0-9_.]{0,200}\(')
 _ACCEPT_B = ACCEPT.encode()
 _DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
@@ -388,7 +391,7 @@ class Scanner:
         if was_open and group is None:
             self._settle_group()
         if kind in ("frame", "code") or (group is None and _RAISE_CODE.match(text)):
-            # source code quoted by a traceback (`raise HFValidationError(`), with or without its
+            # source code quoted by a traceback (`raise HFValidationError(`, `f"Cannot reach {url}"`), with or without its
             # frame line (pasted excerpts), is not an error message
             return
         has_accept = ACCEPT in text
