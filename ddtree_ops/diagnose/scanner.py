@@ -587,7 +587,10 @@ class Scanner:
         """The process's death the input ends in (`ending.death_at_end`), when no stop was
         requested and no harmless record attached it; None otherwise."""
         tail = self._tail
-        if not tail or self._ctx.stop_line is not None or not self._end_lines:
+        if not tail or not self._end_lines:
+            return None
+        self._lookback()  # a stop the screen skipped makes the ending a stop
+        if self._ctx.stop_line is not None:
             return None
         raw = tail.split(b"\n")
         if tail.endswith(b"\n"):
@@ -603,6 +606,8 @@ class Scanner:
         cite, first = numbers[hit[0]], numbers[hit[1]]
         if first - 1 <= self._harmless_record <= cite:
             return None  # the traceback a record that calls itself normal attached
+        if any(f.line == cite and f.severity == "benign" for f in self._findings):
+            return None  # a line the catalogue knows as harmless (a rejected request's ValueError)
         text = journal.clean_line(texts[hit[0]])[0].strip()
         v = self.cat.derived_finding("process_died_at_end")
         meaning, remedy = v.filled({})
