@@ -44,6 +44,15 @@ WORDINGS = [
      "len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1", "nccl_error", "nccl src/transport/net_ib.cc"),
     ("NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129", "nccl_error",
      "nccl src/transport/net_ib.cc (NCCL 2.1x)"),
+    ("misc/socket.cc:484 NCCL WARN Bootstrap : no socket interface found", "nccl_error", "nccl src/bootstrap.cc"),
+    ("transport/net_socket.cc:120 NCCL WARN NET/Socket : no interface found", "nccl_error", "nccl src/transport/net_socket.cc"),
+    ("torch.distributed.DistNetworkError: The client socket has failed to connect to any network address of "
+     "(10.0.0.1, 29500). The client socket has failed to connect to 10.0.0.1:29500 (errno: 113 - No route to host).",
+     "nccl_error", "torch/csrc/distributed/c10d/socket.cpp (SocketConnectOp::run)"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:34567",
+     "nccl_error", "gloo/transport/tcp/pair.cc (a peer of the CPU group went away)"),
+    ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] Connect timeout [10.0.0.2]:22311",
+     "nccl_error", "gloo/transport/tcp/pair.cc"),
     # ---- kv_pool_too_small: the pool cannot hold even one request at startup
     ("AssertionError: Memory pool size is too small", "kv_pool_too_small", "srt/managers/tp_worker.py"),
     ("RuntimeError: SWA pool cap (4096 tokens, 1.25 GiB) leaves no room for the full KV pool within the available "
