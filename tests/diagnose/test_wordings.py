@@ -200,6 +200,13 @@ WORDINGS = [
      "cuda_graph_capture", "CUDA runtime cudaErrorStreamCaptureImplicit"),
     ("RuntimeError: CUDA error: operation not permitted on an event last recorded in a capturing stream",
      "cuda_graph_capture", "CUDA runtime cudaErrorCapturedEvent"),
+    # ---- triton_compile_error: Triton 3's MLIR pass pipeline failing on a kernel
+    ("/usr/lib/python3/dist-packages/sglang/srt/layers/attention/triton_ops/extend_attention.py:98:0: error: Failures "
+     "have been detected while processing an MLIR pass pipeline", "triton_compile_error",
+     "MLIR PassManager (Triton 3 make_ttgir / make_llir)"),
+    ("/usr/lib/python3/dist-packages/sglang/srt/layers/attention/triton_ops/extend_attention.py:98:0: note: Pipeline "
+     "failed while executing [`ConvertTritonGPUToLLVM` on 'builtin.module' operation]", "triton_compile_error",
+     "MLIR PassManager's note naming the Triton pass"),
     # ---- kernel_op_missing: the engine imports or looks up an op its kernel package lacks
     ("ImportError: cannot import name 'fp8_blockwise_scaled_mm' from 'sgl_kernel.gemm' "
      "(/usr/lib/python3/dist-packages/sgl_kernel/gemm.py)", "kernel_op_missing",
