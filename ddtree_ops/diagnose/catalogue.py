@@ -313,7 +313,7 @@ def _check_tiers(rules: tuple[Rule, ...]) -> None:
 
 
 # Findings the scanner builds from more than one line, and the facts their text may use.
-DERIVED = {"accept_len_stuck_at_one": ("streak",)}
+DERIVED = {"accept_len_stuck_at_one": ("streak",), "process_died_at_end": ()}
 
 
 def _derived(raw: Any, rule_ids: set[str]) -> tuple[tuple[str, Variant], ...]:

@@ -179,7 +179,9 @@ def looks_like_json_journal(sample: bytes | str) -> bool:
 # ------------------------------------------------------------------ tracebacks
 
 TRACEBACK_HEADER = "Traceback (most recent call last)"
-_CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+# the lines that join the parts of a chained traceback
+CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+_CHAIN = CHAIN
 _FRAME = re.compile(r'\s*File "([^"]{1,1000})", line ([0-9]+)(?:, in (.{1,200}))?')
 # Where an engine's own code lives: the innermost of these frames is "where it was raised".
 ENGINE_PATHS = ("/sglang/", "/vllm/", "/text_generation_server/", "/tensorrt_llm/", "/ddtree_ops/", "/lmdeploy/")

@@ -30,7 +30,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import IO
 
-from ddtree_ops.diagnose import journal
+from ddtree_ops.diagnose import ending, journal
 from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, index_for, load_catalogue, lookback_rx,
                                            screen_for)
 from ddtree_ops.diagnose.context import DECLINE, RESOLVERS, Clues, LaunchContext, Resolution, note_launch, note_visible
@@ -50,7 +50,10 @@ _SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|
 # a line that can end a traceback: what the frames before it were raising
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
 _XID_RX = re.compile(r"NVRM: Xid \([^)]{0,64}\): ([0-9]{1,4})")
-_RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(")
+# source lines a traceback quotes, seen without their frame line (an excerpt that starts inside
+# them): the raising statement, or an indented f-string literal with a {placeholder} (a message
+# template, never a message: a logged message has its placeholders filled in)
+_RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(|\s+[rb]?f[\"'].{0,400}\{[^}]{1,200}\}")
 _INLINE_RAISE = re.compile(r'(", line [0-9]+, in [^ ]{1,200} )raise [A-Za-z_][A-Za-z0-9_.]{0,200}\(')
 _ACCEPT_B = ACCEPT.encode()
 _DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
@@ -107,6 +110,7 @@ class Scanner:
         self._seen_to = 0  # the block was looked back at up to here
         self._carry = b""  # the end of the previous block that was not looked back at
         self._tail = b""  # the last ORPHAN_BYTES of the previous blocks
+        self._end_lines: list[int] = []  # the input line numbers of the last lines scanned (ending.ENDING_LINES)
         self._block: tuple[int, int, list[int] | None] = (0, 0, None)  # start, line base, line map
 
     # ---------------------------------------------------------------- public API
@@ -174,6 +178,11 @@ class Scanner:
     def report(self) -> Report:
         findings = sorted([*self._findings, *self._pending_settled()], key=lambda f: (f.line, f.rule_id))
         root = choose_root(findings, self._tb.starts, self._defer)
+        if root is None:
+            # nothing fatal: a log whose last records are a process's death is still a crash
+            root = self._died_at_end()
+            if root is not None:
+                findings = sorted([*findings, root], key=lambda f: (f.line, f.rule_id))
         verdict = verdict_of(root, findings)
         return Report(verdict=verdict, root_cause=root, findings=findings, lines=self._line,
                       ready_line=self._ready_line, memory=self._memory, accept=self._accept.stats(),
@@ -283,6 +292,10 @@ class Scanner:
             self._line = base + idx + count(b"\n", pos, end)
         else:  # the last line had no newline: it is not a complete line
             self._line = base + idx - 1
+        # the input line of each of the last lines, beside the tail that holds their text
+        last = line_map[-ending.ENDING_LINES:] if line_map is not None else \
+            range(max(base, self._line - ending.ENDING_LINES) + 1, self._line + 1)
+        self._end_lines = (self._end_lines + list(last))[-ending.ENDING_LINES:]
 
     def _lookback(self) -> None:
         """Apply the unit's start/stop lines that the screen skipped, up to the current line.
@@ -388,7 +401,7 @@ class Scanner:
         if was_open and group is None:
             self._settle_group()
         if kind in ("frame", "code") or (group is None and _RAISE_CODE.match(text)):
-            # source code quoted by a traceback (`raise HFValidationError(`), with or without its
+            # source code quoted by a traceback (`raise HFValidationError(`, `f"Cannot reach {url}"`), with or without its
             # frame line (pasted excerpts), is not an error message
             return
         has_accept = ACCEPT in text
@@ -569,6 +582,38 @@ class Scanner:
         self._findings.append(f)
         if f.severity == "fatal" and self._first_fatal is None:
             self._first_fatal = f
+
+    def _died_at_end(self) -> Finding | None:
+        """The process's death the input ends in (`ending.death_at_end`), when no stop was
+        requested and no harmless record attached it; None otherwise."""
+        tail = self._tail
+        if not tail or not self._end_lines:
+            return None
+        self._lookback()  # a stop the screen skipped makes the ending a stop
+        if self._ctx.stop_line is not None:
+            return None
+        raw = tail.split(b"\n")
+        if tail.endswith(b"\n"):
+            raw.pop()
+        if len(tail) >= ORPHAN_BYTES:
+            raw = raw[1:]  # the first line may be cut
+        n = min(len(raw), len(self._end_lines))
+        texts = [ln.decode("utf-8", "replace") for ln in raw[len(raw) - n:]]
+        numbers = self._end_lines[len(self._end_lines) - n:]
+        hit = ending.death_at_end(texts)
+        if hit is None:
+            return None
+        cite, first = numbers[hit[0]], numbers[hit[1]]
+        if first - 1 <= self._harmless_record <= cite:
+            return None  # the traceback a record that calls itself normal attached
+        if any(f.line == cite and f.severity == "benign" for f in self._findings):
+            return None  # a line the catalogue knows as harmless (a rejected request's ValueError)
+        text = journal.clean_line(texts[hit[0]])[0].strip()
+        v = self.cat.derived_finding("process_died_at_end")
+        meaning, remedy = v.filled({})
+        return Finding(label=v.label, severity=v.severity, line=cite, text=text[:MAX_TEXT_CHARS],
+                       evidence=text[:300], remedy=remedy, profile_key=v.profile_key, direction=v.direction,
+                       rule_id="process_died_at_end", role="backstop", meaning=meaning)
 
     def _pending_settled(self) -> list[Finding]:
         """Findings of a traceback still open at report time (the input ended inside it)."""

@@ -44,6 +44,15 @@ WORDINGS = [
      "len=0 vendor err 129 (Recv) localGid ::ffff:10.0.0.1", "nccl_error", "nccl src/transport/net_ib.cc"),
     ("NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129", "nccl_error",
      "nccl src/transport/net_ib.cc (NCCL 2.1x)"),
+    ("misc/socket.cc:484 NCCL WARN Bootstrap : no socket interface found", "nccl_error", "nccl src/bootstrap.cc"),
+    ("transport/net_socket.cc:120 NCCL WARN NET/Socket : no interface found", "nccl_error", "nccl src/transport/net_socket.cc"),
+    ("torch.distributed.DistNetworkError: The client socket has failed to connect to any network address of "
+     "(10.0.0.1, 29500). The client socket has failed to connect to 10.0.0.1:29500 (errno: 113 - No route to host).",
+     "nccl_error", "torch/csrc/distributed/c10d/socket.cpp (SocketConnectOp::run)"),
+    ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] Connection closed by peer [10.0.0.2]:34567",
+     "nccl_error", "gloo/transport/tcp/pair.cc (a peer of the CPU group went away)"),
+    ("RuntimeError: [/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:144] Connect timeout [10.0.0.2]:22311",
+     "nccl_error", "gloo/transport/tcp/pair.cc"),
     # ---- kv_pool_too_small: the pool cannot hold even one request at startup
     ("AssertionError: Memory pool size is too small", "kv_pool_too_small", "srt/managers/tp_worker.py"),
     ("RuntimeError: SWA pool cap (4096 tokens, 1.25 GiB) leaves no room for the full KV pool within the available "
@@ -184,6 +193,26 @@ WORDINGS = [
     ("thread 'main' panicked at router/src/main.rs:110:10:", "unclassified_crash", "Rust std panicking.rs (1.73+)"),
     ("thread 'tokio-runtime-worker' panicked at 'called `Option::unwrap()` on a `None` value', src/lib.rs:42:9",
      "unclassified_crash", "Rust std panicking.rs (before 1.73)"),
+    # ---- cuda_graph_capture: every error of the CUDA runtime's stream-capture family, as torch raises it
+    ("RuntimeError: CUDA error: capturing stream has unjoined work", "cuda_graph_capture",
+     "CUDA runtime cudaErrorStreamCaptureUnjoined (torch c10/cuda CUDA error)"),
+    ("RuntimeError: CUDA error: operation would make the legacy stream depend on a capturing blocking stream",
+     "cuda_graph_capture", "CUDA runtime cudaErrorStreamCaptureImplicit"),
+    ("RuntimeError: CUDA error: operation not permitted on an event last recorded in a capturing stream",
+     "cuda_graph_capture", "CUDA runtime cudaErrorCapturedEvent"),
+    # ---- triton_compile_error: Triton 3's MLIR pass pipeline failing on a kernel
+    ("/usr/lib/python3/dist-packages/sglang/srt/layers/attention/triton_ops/extend_attention.py:98:0: error: Failures "
+     "have been detected while processing an MLIR pass pipeline", "triton_compile_error",
+     "MLIR PassManager (Triton 3 make_ttgir / make_llir)"),
+    ("/usr/lib/python3/dist-packages/sglang/srt/layers/attention/triton_ops/extend_attention.py:98:0: note: Pipeline "
+     "failed while executing [`ConvertTritonGPUToLLVM` on 'builtin.module' operation]", "triton_compile_error",
+     "MLIR PassManager's note naming the Triton pass"),
+    # ---- kernel_op_missing: the engine imports or looks up an op its kernel package lacks
+    ("ImportError: cannot import name 'fp8_blockwise_scaled_mm' from 'sgl_kernel.gemm' "
+     "(/usr/lib/python3/dist-packages/sgl_kernel/gemm.py)", "kernel_op_missing",
+     "CPython import of a name an older sgl-kernel module lacks (SGLang layers/quantization imports)"),
+    ("AttributeError: module 'vllm._C' has no attribute 'gptq_marlin_repack'", "kernel_op_missing",
+     "CPython attribute lookup on vllm's compiled _C module"),
     # ---- a fatal signature inside a Python warning is still its cause (benign rules come after causes)
     ("/usr/lib/python3/dist-packages/torch/cuda/__init__.py:129: UserWarning: CUDA initialization: The NVIDIA driver "
      "on your system is too old (found version 11040).", "cuda_driver_incompatible", "torch/cuda/__init__.py"),
