@@ -5,8 +5,10 @@
 Every log of tests/data/logcorpus whose INDEX.md row gives a part, read three ways: raw, as
 journald `short` text, and as `journalctl -o json`. A log counts as named when the verdict and
 the root cause match its label (healthy/benign: healthy and no root cause; shadow_accounting_off:
-degraded with that warning; any other label: that root cause). Prints a table and, with -v, every
-miss; with --out, appends (or replaces) the corpus section of the results file.
+degraded with that warning; any other label: that root cause). The last column is the gate's
+coarser judgment: whether a failure was told from a healthy log at all (the verdict alone,
+whatever root cause was named). Prints a table and, with -v, every miss; with --out, appends (or
+replaces) the corpus section of the results file.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def wrapped(lines: list[bytes], form: str) -> list[bytes]:
     return as_journald(lines) if form == "journald" else as_journal_json(lines) if form == "json" else lines
 
 
+def told_apart(label: str, rep: object) -> bool:
+    """The gate's coarser judgment: a failure is not called healthy, and a healthy log is not
+    called failed (the root cause aside)."""
+    want = "healthy" if label in QUIET else "degraded" if label in WARNING_ONLY else "failed"
+    return rep.verdict == want  # type: ignore[attr-defined]
+
+
 def named(label: str, lines: list[bytes]) -> tuple[bool, str]:
     rep = classify(lines)
     rc = rep.root_cause
@@ -61,18 +70,22 @@ def named(label: str, lines: list[bytes]) -> tuple[bool, str]:
     return rc is not None and rc.label == label and rep.verdict == "failed", got
 
 
-def score(part: str, batch: str | None = None) -> tuple[dict[str, int], int, list[tuple[str, str, str, str]]]:
+def score(part: str, batch: str | None = None) -> tuple[dict[str, int], int, list[tuple[str, str, str, str]], dict[str, int]]:
+    """(named per form, logs, misses, verdict right per form)."""
     rows = [r for r in index_rows() if (part == "all" or r[2] == part) and (batch is None or r[3] == batch)]
     ok = {f: 0 for f in FORMS}
+    apart = {f: 0 for f in FORMS}
     misses = []
     for name, label, _, _ in rows:
         lines = raw_lines(CORPUS / name)
         for form in FORMS:
-            good, got = named(label, wrapped(lines, form))
+            wrapped_lines = wrapped(lines, form)
+            good, got = named(label, wrapped_lines)
             ok[form] += good
+            apart[form] += told_apart(label, classify(wrapped_lines))
             if not good:
                 misses.append((name, form, label, got))
-    return ok, len(rows), misses
+    return ok, len(rows), misses, apart
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,17 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     parts = ("tuning", "held out") if args.part == "all" else (args.part,)
     lines = ["## Real-log corpus: logs named (`python bench/diagnose_corpus.py`)", "",
-             "| collection | part | logs | raw | journald text | journalctl -o json |", "|---|---|---:|---:|---:|---:|"]
+             "| collection | part | logs | raw | journald text | journalctl -o json | verdict right (raw / journald / json) |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     all_misses = []
     batches = list(dict.fromkeys(r[3] for r in index_rows()))
     for part in parts:
         for batch in batches:
-            ok, n, misses = score(part, batch)
+            ok, n, misses, apart = score(part, batch)
             if not n:
                 continue
             all_misses += misses
             cells = " | ".join(f"{ok[f]}/{n} ({100 * ok[f] / max(n, 1):.0f}%)" for f in FORMS)
-            lines.append(f"| {batch} | {part} | {n} | {cells} |")
+            verdicts = " / ".join(str(apart[f]) for f in FORMS)
+            lines.append(f"| {batch} | {part} | {n} | {cells} | {verdicts} of {n} |")
     table_end = len(lines)
     if all_misses:
         lines += ["", "Misses (file, form, expected, got):", ""]

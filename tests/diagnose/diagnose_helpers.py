@@ -43,7 +43,7 @@ def corpus_logs() -> list[Path]:
 
 
 def heldout_logs(first: int = 0, last: int = 999) -> list[Path]:
-    """The held-out logs numbered first..last (a collection's held-out part: 200-221, 400-448, 600-642, 800-839)."""
+    """The held-out logs numbered first..last (a collection's held-out part: 200-221, 400-448, 600-642, 800-839, 950-980)."""
     parts = _parts()
     return sorted(p for p in CORPUS.glob("*.log")
                   if parts.get(p.name) == "held out" and first <= int(p.name[:3]) <= last)
