@@ -16,18 +16,17 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "diagnose"))
 
 from ddtree_ops.diagnose.classify import classify  # noqa: E402
-from diagnose_helpers import as_journal_json, as_journald, raw_lines  # noqa: E402
+from diagnose_helpers import QUIET, WARNING_ONLY, as_journal_json, as_journald, raw_lines, verdict_for  # noqa: E402
 
 CORPUS = REPO / "tests" / "data" / "logcorpus"
 FORMS = ("raw", "journald", "json")
-QUIET = ("healthy", "benign_warning")
-WARNING_ONLY = ("shadow_accounting_off",)
 
 
 def index_rows() -> list[tuple[str, str, str, str]]:
@@ -51,15 +50,8 @@ def wrapped(lines: list[bytes], form: str) -> list[bytes]:
     return as_journald(lines) if form == "journald" else as_journal_json(lines) if form == "json" else lines
 
 
-def told_apart(label: str, rep: object) -> bool:
-    """The gate's coarser judgment: a failure is not called healthy, and a healthy log is not
-    called failed (the root cause aside)."""
-    want = "healthy" if label in QUIET else "degraded" if label in WARNING_ONLY else "failed"
-    return rep.verdict == want  # type: ignore[attr-defined]
-
-
-def named(label: str, lines: list[bytes]) -> tuple[bool, str]:
-    rep = classify(lines)
+def named(label: str, rep: Any) -> tuple[bool, str]:
+    """Whether a report (classify's) names the label, and what it said."""
     rc = rep.root_cause
     got = rc.label if rc is not None else ("warning:" + ",".join(f.label for f in rep.warnings) if rep.warnings
                                             else rep.verdict)
@@ -79,10 +71,11 @@ def score(part: str, batch: str | None = None) -> tuple[dict[str, int], int, lis
     for name, label, _, _ in rows:
         lines = raw_lines(CORPUS / name)
         for form in FORMS:
-            wrapped_lines = wrapped(lines, form)
-            good, got = named(label, wrapped_lines)
+            rep = classify(wrapped(lines, form))
+            good, got = named(label, rep)
             ok[form] += good
-            apart[form] += told_apart(label, classify(wrapped_lines))
+            # the gate's coarser judgment: the verdict alone, whatever root cause was named
+            apart[form] += rep.verdict == verdict_for(label)
             if not good:
                 misses.append((name, form, label, got))
     return ok, len(rows), misses, apart

@@ -115,17 +115,18 @@ class Expect:
     harmless_text: str | None = None  # a line holding this is reported harmless
 
 
+def verdict_for(label: str) -> str:
+    """The verdict a log of this label must get, whatever its root cause."""
+    return "healthy" if label in QUIET else "degraded" if label in WARNING_ONLY else "failed"
+
+
 def expected(path: Path) -> Expect:
     """From the file's name (NNN-<label>.log, synthetic-<label>-what.log) and, in a made-up
     fixture, its header comments: `# expect: degraded LABEL`, `# harmless: LINE ...`,
     `# warns: LABEL@LINE ...`."""
     label = label_of(path)
-    if label in QUIET:
-        exp = Expect("healthy", None)
-    elif label in WARNING_ONLY:
-        exp = Expect("degraded", None, (label,))
-    else:
-        exp = Expect("failed", label)
+    verdict = verdict_for(label)
+    exp = Expect(verdict, label if verdict == "failed" else None, (label,) if verdict == "degraded" else ())
     if not path.name.startswith("synthetic-"):
         ev = index_evidence().get(path.name)
         if label == "benign_warning" and path.name not in BENIGN_EVIDENCE_NOT_A_WARNING:
