@@ -227,8 +227,10 @@ _KEY_RX = re.compile(r"KeyError: '([^']{1,200})'")
 # (vllm/model_executor/model_loader/default_loader.py): the class is in the message, not in a frame
 _UNMAPPED_RX = re.compile(r"There is no module or parameter named '([^']{1,200})' in ([A-Za-z_][A-Za-z0-9_]*)"
                           r"|weights were not initialized from checkpoint: *[{\[]?'([^']{1,200})'")
-_DRAFT_CLASS = re.compile(r"eagle|medusa|mtp|nextn|dflash|dspark|draft", re.I)
-_DRAFT_MODEL_FILE = re.compile(r"/models/[a-z0-9_]*(eagle|dflash|dspark|mtp|nextn|draft|medusa)[a-z0-9_]*\.py$")
+# the words draft model classes and their files are named by
+_DRAFT_WORDS = r"eagle|medusa|mtp|nextn|dflash|dspark|draft"
+_DRAFT_CLASS = re.compile(_DRAFT_WORDS, re.I)
+_DRAFT_MODEL_FILE = re.compile(rf"/models/[a-z0-9_]*({_DRAFT_WORDS})[a-z0-9_]*\.py$")
 
 
 def _loader(frames: list[journal.Frame]) -> journal.Frame | None:

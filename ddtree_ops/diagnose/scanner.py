@@ -511,13 +511,18 @@ class Scanner:
         m = self._accept.report(text, random_weights=self._ctx.load_format == "dummy")
         if m is None:
             return
-        v = self.cat.derived_finding("accept_len_stuck_at_one")
-        meaning, remedy = v.filled({"streak": str(ACCEPT_STREAK)})
-        self._record(Finding(
-            label=v.label, severity=v.severity, line=lineno, text=text[:MAX_TEXT_CHARS],
-            evidence=m.group(0),  # a substring: the gate finds the entry by it
-            remedy=remedy, profile_key=v.profile_key, direction=v.direction, rule_id="accept_len_stuck_at_one",
-            role="cause", meaning=meaning))
+        # the evidence is a substring: the gate finds the entry by it
+        self._record(self._derived("accept_len_stuck_at_one", {"streak": str(ACCEPT_STREAK)}, lineno, text,
+                                   m.group(0), "cause"))
+
+    def _derived(self, rule_id: str, facts: dict[str, str], lineno: int, text: str, evidence: str,
+                 role: str) -> Finding:
+        """A finding the scanner builds from more than one line (catalogue.DERIVED)."""
+        v = self.cat.derived_finding(rule_id)
+        meaning, remedy = v.filled(facts)
+        return Finding(label=v.label, severity=v.severity, line=lineno, text=text[:MAX_TEXT_CHARS], evidence=evidence,
+                       remedy=remedy, profile_key=v.profile_key, direction=v.direction, rule_id=rule_id, role=role,
+                       meaning=meaning)
 
     def _add(self, rule: Rule, text: str, evidence: str, lineno: int, group: int | None,
              named: Resolution | None = None) -> None:
@@ -609,11 +614,7 @@ class Scanner:
         if any(f.line == cite and f.severity == "benign" for f in self._findings):
             return None  # a line the catalogue knows as harmless (a rejected request's ValueError)
         text = journal.clean_line(texts[hit[0]])[0].strip()
-        v = self.cat.derived_finding("process_died_at_end")
-        meaning, remedy = v.filled({})
-        return Finding(label=v.label, severity=v.severity, line=cite, text=text[:MAX_TEXT_CHARS],
-                       evidence=text[:300], remedy=remedy, profile_key=v.profile_key, direction=v.direction,
-                       rule_id="process_died_at_end", role="backstop", meaning=meaning)
+        return self._derived("process_died_at_end", {}, cite, text, text[:300], "backstop")
 
     def _pending_settled(self) -> list[Finding]:
         """Findings of a traceback still open at report time (the input ended inside it)."""
