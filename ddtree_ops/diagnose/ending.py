@@ -62,6 +62,7 @@ def death_at_end(lines: Sequence[str]) -> tuple[int, int] | None:
     plain = 0
     cite: int | None = None
     first: int | None = None
+    chained = False  # a chain line was just passed: the line above it is the earlier part's exception
     for i in range(len(items) - 1, -1, -1):
         text, record = items[i]
         s = text.strip()
@@ -72,7 +73,15 @@ def death_at_end(lines: Sequence[str]) -> tuple[int, int] | None:
                 return None
             cite = first = i
             continue
-        if journal.is_frame(text) or journal.TRACEBACK_HEADER in text or text.startswith(journal.CHAIN):
+        if text.startswith(journal.CHAIN_LINES):
+            first, chained = i, True  # the earlier part of a chained traceback is the same event
+            continue
+        if chained and not record:
+            # CPython prints the earlier part's exception line right above the chain line (a blank
+            # between), whatever its class is called
+            first, chained = i, False
+            continue
+        if journal.is_frame(text) or journal.TRACEBACK_HEADER in text:
             first = i
             continue
         if text[:1] in (" ", "\t"):

@@ -179,9 +179,8 @@ def looks_like_json_journal(sample: bytes | str) -> bool:
 # ------------------------------------------------------------------ tracebacks
 
 TRACEBACK_HEADER = "Traceback (most recent call last)"
-# the lines that join the parts of a chained traceback
-CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
-_CHAIN = CHAIN
+# the lines that join the parts of a chained traceback (not CHAIN: that is the tracker's state below)
+CHAIN_LINES = ("During handling of the above exception", "The above exception was the direct cause")
 _FRAME = re.compile(r'\s*File "([^"]{1,1000})", line ([0-9]+)(?:, in (.{1,200}))?')
 # Where an engine's own code lives: the innermost of these frames is "where it was raised".
 ENGINE_PATHS = ("/sglang/", "/vllm/", "/text_generation_server/", "/tensorrt_llm/", "/ddtree_ops/", "/lmdeploy/")
@@ -293,7 +292,7 @@ class TracebackTracker:
             self.state, self._blanks = FRAMES, 0
             return self.group, "header"
         if self.state == IDLE:
-            if text.startswith(_CHAIN):
+            if text.startswith(CHAIN_LINES):
                 # a chained part whose first half was cut off (excerpts, journald rate limits)
                 self._begin(line)
                 self.state, self._blanks = CHAIN, 0
@@ -315,7 +314,7 @@ class TracebackTracker:
                 return self.group, "frame"
             if text[:1] in (" ", "\t") or _CARET.match(text):
                 return self.group, "code"
-            if text.startswith(_CHAIN):
+            if text.startswith(CHAIN_LINES):
                 self.state, self._blanks = CHAIN, 0
                 return self.group, "chain"
             if after_frame and not new_record and not _EXC_SHAPE.match(text):
@@ -329,7 +328,7 @@ class TracebackTracker:
             if blank:
                 self.state, self._blanks = EXC_BLANK, 1
                 return self.group, "blank"
-            if text.startswith(_CHAIN):
+            if text.startswith(CHAIN_LINES):
                 self.state, self._blanks = CHAIN, 0
                 return self.group, "chain"
             self._msg += 1
@@ -344,7 +343,7 @@ class TracebackTracker:
                     self._close()
                     return None, "blank"
                 return self.group, "blank"
-            if text.startswith(_CHAIN):
+            if text.startswith(CHAIN_LINES):
                 self.state, self._blanks = CHAIN, 0
                 return self.group, "chain"
             self._close()

@@ -83,3 +83,33 @@ def test_the_ending_is_found_when_the_input_comes_in_pieces() -> None:
         sc.feed([ln])
     rep = sc.report()
     assert rep.root_cause is not None and rep.root_cause.rule_id == "process_died_at_end" and rep.root_cause.line == 501
+
+
+# a chained traceback as CPython prints it: the earlier part, a blank, the chain line, a blank, the
+# later part (an exception class that does not end in "Error" included)
+CHAINED = (["Traceback (most recent call last):",
+            '  File "/usr/local/lib/python3.12/dist-packages/pynvml.py", line 979, in _nvmlCheckReturn',
+            "    raise NVMLError(ret)",
+            "pynvml.NVMLError_NotSupported: Not Supported",
+            "",
+            "During handling of the above exception, another exception occurred:",
+            "",
+            "Traceback (most recent call last):"]
+           + FRAMES + ["RuntimeError: P2P query failed"])
+
+
+def test_a_chained_traceback_at_the_end_is_one_event_from_its_first_part() -> None:
+    hit = death_at_end(SERVING + CHAINED)
+    assert hit is not None
+    assert hit == (len(SERVING) + len(CHAINED) - 1, len(SERVING))   # cites the last exception, starts at the first header
+
+
+def test_a_chained_traceback_that_a_harmless_record_attached_is_not_a_death() -> None:
+    """SGLang logs a failed NVLink query with logger.exception under a line that says it is
+    normal; the traceback it attaches may be chained. The log read so far (a start in progress)
+    ends in it, and is not a crash; without the record the same ending is one."""
+    record = REC + "NVLink detection failed. This is normal if your machine has no NVLink equipped."
+    covered = classify(SERVING + [record] + CHAINED)
+    assert covered.verdict == "healthy" and covered.root_cause is None, covered.root_cause
+    bare = classify(SERVING + CHAINED)
+    assert bare.verdict == "failed" and bare.root_cause is not None
