@@ -116,7 +116,7 @@ class Inventory:
         g = self._group(name, shown)
         g.files.append(shown)
         problems: list[str] = []
-        known = set(Profile.model_fields) | {"modes"}
+        known = {f.alias or n for n, f in Profile.model_fields.items()}
         for key in src.data:
             if key not in MEMBERSHIP and key not in known:
                 problems.append(f"{src.origin.get((key,), shown)} {key}: unknown key"

@@ -218,13 +218,23 @@ class ReleasesSection(_Strict):
     keep: Annotated[int, Field(ge=2, le=100)] = 5
 
 
+class RollbackSection(_Strict):
+    # known-good-mode: the last release of `known_good_mode` (NEXTN) that passed, the mission's
+    # baseline; last-good: the last release of any mode that passed (an operator's opt-in)
+    target: Literal["known-good-mode", "last-good"] = "known-good-mode"
+
+
 class Profile(_Strict):
     name: str
     host: HostSection
     gpu: GpuSection
     service: ServiceSection
     memory: MemorySection
+    # the mode this host should run: `deploy HOST` converges to it, `--mode` overrides it for one run
+    # (YAML `mode:`; the attribute is `desired_mode` because `mode()` looks a mode's settings up)
+    desired_mode: Mode = Field(default="nextn", alias="mode")
     known_good_mode: Mode = "nextn"
+    rollback: RollbackSection = RollbackSection()
     modes: ModesSection
     gate: GateSection = GateSection()
     smoke: SmokeSection = SmokeSection()

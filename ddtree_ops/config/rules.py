@@ -80,6 +80,10 @@ def check_rules(p: Profile) -> list[tuple[Loc, str]]:
     if p.service.start_limit_interval_s <= p.service.restart_sec * p.service.start_limit_burst:
         out.append((("service", "start_limit_interval_s"),
                     "must exceed restart_sec x start_limit_burst, or the start limit never trips"))
+    configured = p.configured_modes()
+    for key, value in (("mode", p.desired_mode), ("known_good_mode", p.known_good_mode)):
+        if value not in configured:
+            out.append(((key,), f"{value!r} is not configured under modes (configured: {', '.join(configured)})"))
     if p.host.transport == "ssh" and not p.host.ssh_host:
         out.append((("host", "ssh_host"), "required when host.transport is ssh (the ssh_config name of the host)"))
     rendered = _RENDERED_FLAGS
