@@ -193,11 +193,17 @@ def test_hidden_capture_condition_specifically(algos: dict[str, Any]) -> None:
 
 
 def test_min_free_slots_real_function(algos: dict[str, Any]) -> None:
+    """SGLang's own threshold, fed each algorithm's family answer as the scheduler feeds it. With 48
+    running requests and no user value a DFlash-family algorithm delays admissions until
+    min(4, max(2, (48 + 5) // 6)) = 4 slots are free (the formula in min_free_slots_delayer.py, worked
+    by hand); a plain CustomSpecAlgo gets no delay at all (None), the trap's quieter face."""
     from sglang.srt.managers.min_free_slots_delayer import resolve_min_free_slots
 
-    for name in ("DDTREE", "DFLASH"):
-        got = resolve_min_free_slots(None, 48, is_dflash_family=algos[name].is_dflash_family())
-        assert got == resolve_min_free_slots(None, 48, is_dflash_family=True)
+    got = {name: resolve_min_free_slots(None, 48, is_dflash_family=algo.is_dflash_family())
+           for name, algo in algos.items()}
+    assert got == {"DDTREE": 4, "DFLASH": 4, "PLAINTRAP": None}
+    # below 8 running requests DFlash's delay is off for every algorithm
+    assert resolve_min_free_slots(None, 4, is_dflash_family=algos["DDTREE"].is_dflash_family()) is None
 
 
 def server_args(*extra: str) -> Any:
