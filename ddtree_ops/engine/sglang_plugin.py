@@ -34,6 +34,7 @@ from ddtree_ops.engine.sglang_settings import (
     PLUGIN,
     SUPPORTED,
     read_settings,
+    sglang_version,
     version_problem,
 )
 
@@ -164,19 +165,33 @@ def server_args_problems(server_args: Any, env: dict[str, str] | None = None) ->
         problems.append("--enable-return-aux-hidden-states is a capture-only mode without a draft; not for DDTREE")
     if get("speculative_adaptive"):
         problems.append("--speculative-adaptive is refused: DDTREE shadow needs a fixed block size")
+    if settings.mode == "tree":
+        problems += tree_mode_problems(cfg, settings)
     device = get("device")
     if isinstance(device, str) and not device.startswith("cuda"):
         problems.append(f"--device {device}: the DDTREE worker (SGLang's DFlash worker) needs CUDA")
     return problems
 
 
-def sglang_version() -> str | None:
-    try:
-        import sglang
+def tree_mode_problems(cfg: Any, settings: Any) -> list[str]:
+    """What DDTREE_MODE=tree needs beyond the shadow: a tree verify backend for this SGLang (none for
+    the GPU path yet, issue 33), and an unsharded LM head (the served tree is built from the draft's
+    top-K, which the shadow may go without but the tree cannot)."""
+    # the backend's entry points (standard library); its module loads only where one is declared
+    from ddtree_ops.engine.sglang_backend import tree_problem
 
-        return getattr(sglang, "__version__", None)
-    except Exception:
-        return None
+    problems = []
+    missing = tree_problem(sglang_version())
+    if missing:
+        problems.append(missing)
+    if int(getattr(cfg, "tp_size", 1) or 1) > 1:
+        problems.append("DDTREE_MODE=tree with --tp-size > 1 is refused: the tree is built from the draft's per-"
+                        "position top-K, read from an unsharded LM head (serve ddtree-shadow, which goes on "
+                        "serving DFlash's chain there)")
+    if settings.chain_share == 0:
+        logger.warning("DDTREE_CHAIN_SHARE=0: no round verifies the spine alone, so the tree/chain cost ratio is "
+                       "not measured on this server (the configured one is used)")
+    return problems
 
 
 def validate_server_args(server_args: Any) -> None:
@@ -185,7 +200,7 @@ def validate_server_args(server_args: Any) -> None:
     if problems:
         raise ValueError("DDTREE launch refused:\n  - " + "\n  - ".join(problems))
     cfg = _view(server_args)
-    if int(getattr(cfg, "tp_size", 1) or 1) > 1:
+    if int(getattr(cfg, "tp_size", 1) or 1) > 1 and read_settings()[0].mode == "shadow":
         logger.warning("DDTREE: tp_size > 1 shards the LM head; shadow accounting reads the draft's per-position "
                        "distributions only from an unsharded head and stays off (DFlash serves as usual)")
 
@@ -304,16 +319,17 @@ def _spec_class() -> type:
 
 def worker_factory(server_args: Any) -> type:
     """SGLang calls this at server start (GPU), in the scheduler process, before its overlap
-    FutureMap exists: SGLang's DFlash V2 worker plus shadow accounting, and DFLASH's answer to
-    the hidden-state relay question (`sglang_relay`)."""
+    FutureMap exists: SGLang's DFlash V2 worker plus shadow accounting (DDTREE_MODE=shadow) or
+    serving the tree (DDTREE_MODE=tree, `sglang_tree`), and DFLASH's answer to the hidden-state
+    relay question (`sglang_relay`)."""
     # sglang's GPU stack (both modules import it): only inside a server, never at plugin load
     from ddtree_ops.engine.sglang_relay import exempt_from_hidden_relay
 
     exempt_from_hidden_relay(server_args)
     # sglang's DFlash worker (GPU stack): only inside a server
-    from ddtree_ops.engine.sglang_worker import DDTreeShadowWorker
+    from ddtree_ops.engine.sglang_worker import DDTreeShadowWorker, DDTreeTreeWorker
 
-    return DDTreeShadowWorker
+    return DDTreeTreeWorker if read_settings()[0].mode == "tree" else DDTreeShadowWorker
 
 
 def registered() -> Any:
@@ -339,8 +355,10 @@ def register() -> None:
         return
     # registered even on an unchecked release, so that a launch fails in the validator with the
     # releases that work instead of "Unknown speculative algorithm"
+    mode = read_settings()[0].mode
     announce(version_problem(version) or
-             f"DDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang {version}, shadow-linear)")
+             f"DDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang {version}, "
+             f"{'shadow-linear' if mode == 'shadow' else 'tree serving'})")
 
 
 def announce(line: str) -> None:
@@ -376,8 +394,11 @@ def check(plugins: str | None = PLUGIN) -> dict[str, Any]:
         doc["error"] = f"{exc} (the ddtree plugin did not register: is SGLANG_PLUGINS filtering it out?)"
         doc["is_dflash_family"] = False
         return doc
+    # the backend's entry points (standard library); its module loads only where one is declared
+    from ddtree_ops.engine.sglang_backend import tree_problem
+
     doc.update(spec_class=type(algo).__name__, is_dflash=algo.is_dflash(),
                is_dflash_family=algo.is_dflash_family(),
                supports_target_verify_for_draft=algo.supports_target_verify_for_draft(),
-               settings=read_settings()[0].to_dict())
+               settings=read_settings()[0].to_dict(), tree_mode=tree_problem(doc["sglang"]) or "ok")
     return doc

@@ -7,10 +7,16 @@ the version table on the control machine, and the plugin reads the environment i
 Configuration is by environment, because a plugin has no sanctioned way to add server flags:
 DDTREE_BUDGET, DDTREE_SHADOW_SHARE, DDTREE_SHADOW_REPORT_EVERY, DDTREE_SHADOW_WARN_AFTER,
 DDTREE_VERIFY_COST_RATIO (else `default_cost_ratio`, from the committed engine benchmark),
-DDTREE_MODE (only `shadow`), DDTREE_SHADOW_TRACE (log the hooks' decisions for the first N verify
-rounds: what support asks for when a release behaves unlike its source), DDTREE_SHADOW_MAX_PENDING
-(sampled trees kept while the tokens that decide them are committed), DDTREE_SHADOW_ACCOUNT_THREAD
-(1: the accounting runs on a thread of its own instead of the scheduler's).
+DDTREE_MODE (`shadow`: the DFlash chain is committed, the tree accounted beside it; `tree`: the tree
+is served, with the chain's spine inside it, `sglang_tree`), DDTREE_CHAIN_SHARE (tree mode: the share of
+verify rounds that verify the spine alone, DFlash's own round, so that the verify cost ratio r is
+measured on the same traffic), DDTREE_COST_PROBE_SHARE (shadow mode, where a tree verify backend is
+installed: the share of rounds followed by a timed tree verify forward whose result is discarded),
+DDTREE_SHADOW_TRACE (log the hooks' decisions for the first N verify rounds: what support asks for
+when a release behaves unlike its source), DDTREE_SHADOW_MAX_PENDING (sampled trees kept while the
+tokens that decide them are committed), DDTREE_SHADOW_ACCOUNT_THREAD (1: the accounting runs on a
+thread of its own instead of the scheduler's). DDTREE_SHADOW_REPORT_EVERY sets the report interval in
+both modes.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ DEFAULT_SHARE = 0.1
 DEFAULT_REPORT_EVERY = 200
 DEFAULT_WARN_AFTER = 500       # verify rounds with nothing accounted before the plugin says so
 DEFAULT_MAX_PENDING = 4096     # sampled trees waiting for their committed continuation, all requests
+MODES = ("shadow", "tree")
+DEFAULT_CHAIN_SHARE = 0.05     # tree mode: spine-only rounds, enough for r per batch bucket, little cost
+MAX_CHAIN_SHARE = 0.5          # above this the server mostly serves the chain it was promoted away from
+DEFAULT_PROBE_SHARE = 0.05     # shadow mode: timed tree verify forwards, where a backend can run them
 
 # The measured default of the tree/chain cost ratio: one verify forward of N tokens on the
 # Qwen3-8B shape, H200, CUDA graphs, context 2048, median ms (bench/results/engine.md, "Verify
@@ -63,6 +73,16 @@ def release_of(version: str | None) -> str | None:
     return m.group(1) if m else None
 
 
+def sglang_version() -> str | None:
+    """The installed SGLang's version (None without one)."""
+    try:
+        import sglang
+
+        return getattr(sglang, "__version__", None)
+    except Exception:
+        return None
+
+
 def version_problem(version: str | None) -> str | None:
     """None when the plugin serves on this SGLang; else the sentence an operator reads."""
     if release_of(version) in SUPPORTED:
@@ -82,6 +102,8 @@ class ShadowSettings:
     trace: int = 0
     max_pending: int = DEFAULT_MAX_PENDING
     account_thread: bool = False
+    chain_share: float = DEFAULT_CHAIN_SHARE
+    probe_share: float = DEFAULT_PROBE_SHARE
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,10 +130,10 @@ def read_settings(env: dict[str, str] | None = None) -> tuple[ShadowSettings, li
         return value
 
     mode = env.get("DDTREE_MODE", "shadow").strip().lower() or "shadow"
-    if mode != "shadow":
-        problems.append(f"DDTREE_MODE={mode!r}: only 'shadow' is served (the DFlash chain is committed and the "
-                        "tree is accounted beside it); committing tree-verified tokens inside SGLang needs a "
-                        "tree-masked target verify this plugin does not provide (compare SGLang PR #29907)")
+    if mode not in MODES:
+        problems.append(f"DDTREE_MODE={env.get('DDTREE_MODE')!r} is not a mode: one of {', '.join(MODES)} "
+                        "(shadow: serve the DFlash chain and account the tree; tree: serve the tree)")
+        mode = "shadow"
     settings = ShadowSettings(
         budget=number("DDTREE_BUDGET", int, None, 1, MAX_BUDGET),
         share=number("DDTREE_SHADOW_SHARE", float, DEFAULT_SHARE, 0.0, 1.0),
@@ -121,7 +143,9 @@ def read_settings(env: dict[str, str] | None = None) -> tuple[ShadowSettings, li
         mode=mode,
         trace=number("DDTREE_SHADOW_TRACE", int, 0, 0, 10**6),
         max_pending=number("DDTREE_SHADOW_MAX_PENDING", int, DEFAULT_MAX_PENDING, 0, 10**7),
-        account_thread=bool(number("DDTREE_SHADOW_ACCOUNT_THREAD", int, 0, 0, 1)))
+        account_thread=bool(number("DDTREE_SHADOW_ACCOUNT_THREAD", int, 0, 0, 1)),
+        chain_share=number("DDTREE_CHAIN_SHARE", float, DEFAULT_CHAIN_SHARE, 0.0, MAX_CHAIN_SHARE),
+        probe_share=number("DDTREE_COST_PROBE_SHARE", float, DEFAULT_PROBE_SHARE, 0.0, 1.0))
     return settings, problems
 
 

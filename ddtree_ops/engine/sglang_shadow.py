@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import logging
 import random
+from functools import partial
 from typing import Any
 
 from ddtree_ops.engine.sglang_account import InlineAccountant, RoundMeta, ThreadAccountant
+from ddtree_ops.engine.sglang_backend import find_backend, is_verify_round
 from ddtree_ops.engine.sglang_horizon import row_requests
 from ddtree_ops.engine.sglang_metrics import ShadowMetrics
-from ddtree_ops.engine.sglang_settings import cost_ratio, read_settings
+from ddtree_ops.engine.sglang_settings import cost_ratio, read_settings, sglang_version
 from ddtree_ops.engine.sglang_topk import eager_topk, fold_topk, head_rows
 from ddtree_ops.engine.sglang_transfer import RoundTransfer
 from ddtree_ops.engine.shadow import OnlineShadow, format_report
@@ -82,6 +84,11 @@ class _ShadowState:
         self.acct = OnlineShadow(self.budget, self.horizon, report_every=settings.report_every,
                                  on_report=self._report, cost_ratio=self.ratio, cost_source=self.cost_source)
         self.metrics.cost_ratio(self.cost_source, self.ratio)
+        # where a tree verify backend is installed (the lab's stand-in now, SGLang's own with issue 33),
+        # the chain's verify forwards are timed and a share of rounds probes a tree verify's cost
+        self.backend, _why = find_backend(sglang_version())
+        self.probe_share = settings.probe_share if self.backend is not None else 0.0
+        self.probe_coin = random.Random(1)
         self.transfer = RoundTransfer()
         kind = ThreadAccountant if settings.account_thread else InlineAccountant
         self.accountant = kind(self.acct, self.transfer, self.horizon, settings.max_pending)
@@ -125,6 +132,19 @@ class _ShadowState:
         meta = RoundMeta(bs, width, int(tokens.shape[-1]), rows, greedy, self.verify_rounds)
         self.accountant.submit(self.transfer.send(parts, meta))
         self.sent += 1
+
+    def cost(self, worker: Any, batch: Any, result: Any, seconds: float | None) -> None:
+        """The chain round's verify seconds, and on a share of rounds a tree verify's (the probe)."""
+        lens = getattr(result, "accept_lens", None)
+        if lens is None:
+            return
+        bs = int(lens.shape[0])
+        if seconds is not None:
+            self.acct.add_cost("chain", bs, seconds)
+        if self.probe_share > 0 and self.probe_coin.random() < self.probe_share:
+            probe = self.backend.probe(worker, batch, self.budget + 1)
+            if probe is not None:
+                self.acct.add_cost("tree", bs, probe)
 
     def drain(self, wait: bool = False) -> None:
         """Account every sampled round whose copy has landed (all of them when `wait`)."""
@@ -232,11 +252,16 @@ class ShadowWorkerMixin:
         # decided before DFlash runs: real 0.5.17 hands the batch back in TARGET_VERIFY mode, which
         # ForwardMode.is_extend() counts as an extend (read afterwards, every round looked like a
         # prefill and nothing was accounted: the second real run's trace)
-        verify = _is_verify_round(batch)
+        verify = is_verify_round(batch)
         st.sample_now = verify and st.on and st.coin.random() < st.share
         st.stash = None
         reqs, prefix = getattr(batch, "reqs", None), getattr(batch, "seq_lens", None)
-        result = super().forward_batch_generation(batch, *args, **kwargs)  # type: ignore[misc]
+        forward = partial(super().forward_batch_generation, batch, *args, **kwargs)  # type: ignore[misc]
+        if verify and st.backend is not None:
+            result, seconds = st.backend.chain_round(self, batch, forward)
+            st.cost(self, batch, result, seconds)
+        else:
+            result = forward()
         stash, st.stash = st.stash, None
         commit = getattr(result, "accept_lens", None)
         bonus = getattr(getattr(result, "next_draft_input", None), "bonus_tokens", None)
@@ -281,15 +306,3 @@ class ShadowWorkerMixin:
 
 def _shape(t: Any) -> str:
     return "None" if t is None else str(tuple(getattr(t, "shape", ())) or type(t).__name__)
-
-
-def _is_verify_round(batch: Any) -> bool:
-    mode = getattr(batch, "forward_mode", None)
-    if mode is None:
-        return False
-    target_verify = getattr(mode, "is_target_verify", None)
-    if target_verify is not None and target_verify():
-        return True
-    if mode.is_extend() or getattr(batch, "is_extend_in_batch", False) or mode.is_idle():
-        return False
-    return True

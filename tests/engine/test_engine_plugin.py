@@ -239,7 +239,10 @@ def test_validator_accepts_the_profile_flags(algos: dict[str, Any], monkeypatch:
     (GOOD, {"DDTREE_BUDGET": "8"}, "below the draft horizon 15"),
     (GOOD, {"DDTREE_BUDGET": "lots"}, "not an integer"),
     (GOOD, {"DDTREE_SHADOW_SHARE": "1.5"}, "out of range"),
-    (GOOD, {"DDTREE_MODE": "tree"}, "only 'shadow'"),
+    (GOOD, {"DDTREE_MODE": "tree"}, "DDTREE_MODE=tree: no tree verify backend for sglang 0.5.23"),
+    (GOOD, {"DDTREE_MODE": "linear"}, "DDTREE_MODE='linear' is not a mode: one of shadow, tree"),
+    (GOOD, {"DDTREE_MODE": "tree", "DDTREE_CHAIN_SHARE": "0.9"}, "DDTREE_CHAIN_SHARE=0.9 is out of range [0, 0.5]"),
+    (GOOD, {"DDTREE_COST_PROBE_SHARE": "-1"}, "DDTREE_COST_PROBE_SHARE=-1 is out of range"),
     (GOOD + ("--speculative-eagle-topk", "4"), {}, "leave --speculative-eagle-topk unset"),
     (GOOD + ("--pp-size", "2"), {}, "pipeline parallelism"),
     (GOOD + ("--enable-lora",), {}, "--enable-lora is refused"),
@@ -247,8 +250,9 @@ def test_validator_accepts_the_profile_flags(algos: dict[str, Any], monkeypatch:
 ])
 def test_validator_refuses_with_a_clear_message(algos: dict[str, Any], monkeypatch: pytest.MonkeyPatch,
                                                 extra: tuple[str, ...], env: dict[str, str], message: str) -> None:
-    for key in ("DDTREE_BUDGET", "DDTREE_SHADOW_SHARE", "DDTREE_MODE"):
-        monkeypatch.delenv(key, raising=False)
+    for key in list(os.environ):
+        if key.startswith("DDTREE_"):
+            monkeypatch.delenv(key, raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(ValueError, match="DDTREE launch refused") as err:
