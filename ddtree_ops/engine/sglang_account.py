@@ -72,7 +72,7 @@ class InlineAccountant:
         for b in range(bs):
             rows_t = [tok[(b * depth + d) * k:(b * depth + d + 1) * k] for d in range(depth)]
             rows_s = [sc[(b * depth + d) * k:(b * depth + d + 1) * k] for d in range(depth)]
-            children, ranks = heap_tree(rows_t, rows_s, self.acct.budget)
+            children, ranks = heap_tree(rows_t, rows_s, self.acct.budget, self.acct.spine)
             chain = cand[b * width:(b + 1) * width]
             self.acct.observe_row(children, chain, commit[b] - 1, bonus[b])
             if meta.reqs is not None and meta.greedy[b]:

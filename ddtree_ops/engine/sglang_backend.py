@@ -22,6 +22,7 @@ from typing import Any, Callable, Protocol
 
 from ddtree_ops.engine.sglang_settings import release_of
 from ddtree_ops.engine.shadow import heap_tree
+from ddtree_ops.engine.tree_shape import SPINE
 
 BACKEND_GROUP = "ddtree_ops.tree_verify"
 ANY_RELEASE = "*"
@@ -43,28 +44,31 @@ class RowTree:
     parents: list[int]                 # node -> parent (root -1)
     depths: list[int]                  # node -> depth (root 0)
     spine: list[int]                   # the rank-0 path from the root: spine[d] is the node at depth d
+    horizon: int = 0                   # the draft's depth: a whole spine has horizon + 1 nodes
 
     @property
     def size(self) -> int:
         return len(self.tokens)
 
 
-def build_tree(tok: list[list[int]], sc: list[list[int]], budget: int, root_token: int) -> RowTree:
-    """The served tree from one row's draft top-K per depth: `heap_tree`, the shadow's own build."""
-    children, ranks = heap_tree(tok, sc, budget)
+def build_tree(tok: list[list[int]], sc: list[list[int]], budget: int, root_token: int,
+               spine: bool = SPINE) -> RowTree:
+    """The served tree from one row's draft top-K per depth: `heap_tree`, the shadow's own build (the
+    spine first, nodes 1..min(B, L), then the rest of the budget best-first)."""
+    children, ranks = heap_tree(tok, sc, budget, spine)
     n = len(children)
     tokens, parents, depths = [root_token] + [0] * (n - 1), [-1] * n, [0] * n
     for node in range(n):
         for token, child in children[node].items():
             tokens[child], parents[child], depths[child] = token, node, depths[node] + 1
-    spine, node = [0], 0
+    path, node = [0], 0
     while True:
         nxt = next((c for c in children[node].values() if ranks[c] == 0), None)
         if nxt is None:
             break
-        spine.append(nxt)
+        path.append(nxt)
         node = nxt
-    return RowTree(children, ranks, tokens, parents, depths, spine)
+    return RowTree(children, ranks, tokens, parents, depths, path, len(tok))
 
 
 def walk(tree: RowTree, predict: list[int]) -> tuple[list[int], int]:
@@ -76,12 +80,16 @@ def walk(tree: RowTree, predict: list[int]) -> tuple[list[int], int]:
     return path, predict[node]
 
 
-def spine_tokens(tree: RowTree, predict: list[int]) -> int:
+def spine_tokens(tree: RowTree, predict: list[int]) -> int | None:
     """What the chain alone commits this round, bonus included: the walk along the spine only (the
-    chain's verify sees the same ancestors at every spine node, so the target's choices are the same)."""
+    chain's verify sees the same ancestors at every spine node, so the target's choices are the same).
+    None when the walk reaches the end of a spine cut short of the horizon (a budget below it): what
+    the chain would have accepted past the cut is not known."""
     d = 0
     while d + 1 < len(tree.spine) and predict[tree.spine[d]] == tree.tokens[tree.spine[d + 1]]:
         d += 1
+    if d + 1 == len(tree.spine) and d < tree.horizon:
+        return None
     return d + 1
 
 

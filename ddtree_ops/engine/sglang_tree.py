@@ -115,7 +115,8 @@ class _TreeState:
             self.metrics.cost_ratio(FROM_MEASURED, rep.cost_ratio)
 
     def build(self, tok: list[list[int]], sc: list[list[int]], root_token: int) -> RowTree:
-        return build_tree(tok, sc, self.budget, root_token)
+        """The served tree: the build the shadow accounted (`OnlineShadow.spine`, the engine's default)."""
+        return build_tree(tok, sc, self.budget, root_token, self.acct.spine)
 
     def account(self, rnd: TreeRound, reqs: Any, bs: int) -> None:
         """Each row's exact pair from the target's choices the backend computed: the tree's tokens as
@@ -132,7 +133,10 @@ class _TreeState:
             else:
                 path, _bonus = walk(tree, predict)
                 chain = spine_tokens(tree, predict)
-                if path != rnd.accepted[b]:
+                if chain is None:
+                    self.acct.tally.add(committed, committed)
+                    self.acct.unpaired("spine-cut")
+                elif path != rnd.accepted[b]:
                     self.once("mismatch", MISMATCH, b, rnd.accepted[b], path)
                     self.acct.tally.add(chain, committed)
                     self.acct.unpaired("accept-mismatch")
