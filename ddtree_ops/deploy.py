@@ -25,7 +25,7 @@ from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host, HostError
 from ddtree_ops.observe import parse_cursor, parse_systemctl_show, read_files
 from ddtree_ops.preflight import Preflight, run_preflight
-from ddtree_ops.profile import Profile
+from ddtree_ops.profile import PLUGIN_MODES, Profile
 from ddtree_ops.releases import Change, Layout, StoredRelease
 from ddtree_ops.render import Rendered, render
 from ddtree_ops.status import DeployExit
@@ -193,7 +193,7 @@ def deploy(host: Host, p: Profile, mode: str, *, dry_run: bool = False, assume_y
         out.round_trips = getattr(host, "round_trips", 0)
         return out
 
-    plugin = build() if mode == "ddtree-shadow" else None
+    plugin = build() if mode in PLUGIN_MODES else None
     if dry_run:
         pf = run_preflight(host, p, mode, rendered, layout, plugin.version if plugin else "")
         out.preflight, out.timings["preflight"] = pf, time.monotonic() - t0

@@ -37,7 +37,7 @@ from ddtree_ops.fleet_plan import (DEGRADED, DRY_RUN, FAILED, NO_CHANGE, OK, REF
 from ddtree_ops.host import Host
 from ddtree_ops.lock import read_lock
 from ddtree_ops.preflight import Preflight, run_preflight
-from ddtree_ops.profile import Profile
+from ddtree_ops.profile import PLUGIN_MODES, Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import render
 from ddtree_ops.status import DeployExit
@@ -179,7 +179,7 @@ def check_one(t: Target, mode: str, connect: Connect) -> Checked:
     p = t.profile
     rendered = render(p, mode)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
-    plugin = build() if mode == "ddtree-shadow" else None
+    plugin = build() if mode in PLUGIN_MODES else None
     with connect(p) as h:
         held = read_lock(h, layout)
         state = releases.read_state(h, layout)

@@ -13,7 +13,7 @@ from typing import Any
 from ddtree_ops import remote
 from ddtree_ops.draftcheck import CAPTURE_SCAN
 from ddtree_ops.host import Host
-from ddtree_ops.profile import DDTreeShadowMode, Profile
+from ddtree_ops.profile import DDTreeMode, DDTreeShadowMode, Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import Rendered
 
@@ -49,6 +49,12 @@ if algo:
                             "dflash_family": bool(a.is_dflash_family())}
     except BaseException as exc:
         out["algorithm"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
+    # tree verify backends declared on this host (the plugin's DDTREE_MODE=tree serves through one)
+    try:
+        from importlib.metadata import entry_points
+        out["tree_backends"] = {ep.name: ep.value for ep in entry_points(group="ddtree_ops.tree_verify")}
+    except BaseException as exc:
+        out["tree_backends"] = {"error": "%s: %s" % (type(exc).__name__, exc)}
 spec = argv[argv.index("--speculative-algorithm") + 1] if "--speculative-algorithm" in argv[:-1] else ""
 if spec in ("DFLASH", "DDTREE") and "--model-path" in argv[:-1]:
     try:
@@ -70,10 +76,12 @@ def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
     A pass is cached on the host per (argv, sglang and plugin install) since importing SGLang takes
     seconds. Returns the check's report, or None and why it could not run."""
     cfg = p.mode(mode)
-    algo = cfg.algorithm if isinstance(cfg, DDTreeShadowMode) else ""
+    algo = cfg.algorithm if isinstance(cfg, (DDTreeShadowMode, DDTreeMode)) else ""
     env = {"SGLANG_PLUGINS": "ddtree"} if algo else {}
     args = list(rendered.argv[3:])
-    key = hashlib.sha256(json.dumps([args, algo, plugin_version if algo else ""]).encode()).hexdigest()[:16]
+    # the tree and the shadow share a launch line; a pass is kept per mode (the tree also needs a backend)
+    what = [args, algo, plugin_version if algo else ""] + (["tree"] if isinstance(cfg, DDTreeMode) else [])
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
     python = p.service.python
     cache = f"{layout.root}/parser-ok"
     check = shlex.join(remote.env_run(env, remote.python_run(python, SGLANG_CHECK, json.dumps(args), algo)))

@@ -18,7 +18,7 @@ from ddtree_ops.gpu import GpuSnapshot, card_verdicts, driver_verdict, snapshot
 from ddtree_ops.host import Host, Result
 from ddtree_ops.hostsglang import SGLANG_CHECK, sglang_check  # noqa: F401  (SGLANG_CHECK: tests run it)
 from ddtree_ops.observe import read_files
-from ddtree_ops.profile import DDTreeShadowMode, DflashMode, Profile
+from ddtree_ops.profile import DDTreeMode, DDTreeShadowMode, DflashMode, Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import Rendered
 
@@ -300,6 +300,10 @@ def check_parallel(pf: Preflight, p: Profile, mode: str) -> None:
     else:
         nodes = f" on {p.nnodes} nodes" if p.nnodes > 1 else ""
         pf.add("parallel", OK, f"{ranks}{nodes}: {memory.split_of(shapes.target, z.tp_size)}")
+    if z.tp_size > 1 and isinstance(p.mode(mode), DDTreeMode):
+        pf.add("tree", FAIL, f"tp_size {z.tp_size} with mode ddtree: the served tree is built from the draft's "
+                             "per-position top-K, read from an unsharded LM head; the plugin refuses tree mode with "
+                             "tp > 1 (deploy ddtree-shadow, which serves DFlash's chain there)")
     if z.tp_size > 1 and isinstance(p.mode(mode), DDTreeShadowMode):
         pf.add("shadow", WARN, f"tp_size {z.tp_size} shards the LM head across ranks: the DDTREE plugin reads the "
                                "draft's per-position distributions only from an unsharded head, so shadow accounting "
@@ -415,7 +419,7 @@ def _check_draft(pf: Preflight, p: Profile, mode: str, draft: str, draft_cfg: di
     line: the failures first, each naming both values and the profile keys."""
     cfg = p.mode(mode)
     key = f"modes.{mode}.draft_model_path"
-    dflash = isinstance(cfg, (DflashMode, DDTreeShadowMode))
+    dflash = isinstance(cfg, (DflashMode, DDTreeShadowMode, DDTreeMode))
     block = cfg.block_size if dflash else None
     found = check_compat(draft_cfg, target_cfg, algorithm=cfg.algorithm, num_draft_tokens=block, draft_key=key,
                          target_key="service.model_path", block_key=f"modes.{mode}.block_size")
@@ -454,7 +458,7 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
                  plugin_version: str) -> None:
     doc, error = found
     python = p.service.python
-    algo = p.mode(mode).algorithm if isinstance(p.mode(mode), DDTreeShadowMode) else ""
+    algo = p.mode(mode).algorithm if isinstance(p.mode(mode), (DDTreeShadowMode, DDTreeMode)) else ""
     if doc is None:
         pf.add("sglang", FAIL, error)
         return
@@ -466,7 +470,7 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
         pf.add("launch-flags", FAIL, f"sglang {doc['sglang']} refuses the launch flags: {doc.get('parse')}")
     else:
         pf.add("launch-flags", OK, f"accepted by sglang {doc['sglang']}'s own parser on the host")
-    if isinstance(p.mode(mode), (DflashMode, DDTreeShadowMode)):
+    if isinstance(p.mode(mode), (DflashMode, DDTreeShadowMode, DDTreeMode)):
         found = doc.get("capture")
         verdict = judge_capture(found if isinstance(found, dict) else None, doc["sglang"],
                                 list((found or {}).get("architectures") or []))
@@ -491,6 +495,27 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
                                    "hidden-state capture (the failure this tool exists for)")
         else:
             pf.add("plugin", OK, f"ddtree plugin {installed} registers DDTREE as DFlash-family ({alg.get('resolved')})")
+        if isinstance(p.mode(mode), DDTreeMode) and not unsupported:
+            check_tree_backend(pf, doc)
+
+
+def check_tree_backend(pf: Preflight, doc: dict[str, Any]) -> None:
+    """Mode ddtree serves through a tree verify backend declared on the host for its SGLang release
+    (entry point group ddtree_ops.tree_verify): none ships for SGLang's GPU path yet (issue 33), the
+    lab's stand-in declares its simulated one. Without one the server would refuse to start."""
+    # the plugin's own rule (which release a declaration covers), pure: no torch, no sglang
+    from ddtree_ops.engine.sglang_backend import NO_BACKEND, declared
+
+    found = doc.get("tree_backends")
+    if not isinstance(found, dict) or "error" in found:
+        why = (found or {}).get("error", "the host did not say") if isinstance(found, dict) else "the host did not say"
+        pf.add("tree", FAIL, f"cannot tell whether a tree verify backend is declared on the host: {why}")
+        return
+    value = declared(found, doc["sglang"])
+    if value is None:
+        pf.add("tree", FAIL, "mode ddtree: " + NO_BACKEND.format(version=doc["sglang"]))
+    else:
+        pf.add("tree", OK, f"tree verify backend {value} declared for sglang {doc['sglang']}")
 
 
 VERIFY_IGNORE = ("Unit sysinit.target not found",)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Mapping
 
 from ddtree_ops.errors import ProfileError
-from ddtree_ops.profile import DDTreeShadowMode, DflashMode, NextnMode, Profile, shipped_dir
+from ddtree_ops.profile import DDTreeMode, DDTreeShadowMode, DflashMode, NextnMode, Profile, shipped_dir
 
 TEMPLATE = "sglang.service.tmpl"
 _PLAIN = re.compile(r"[A-Za-z0-9_@+=:,./-]+")
@@ -149,7 +149,7 @@ def launch_argv(p: Profile, mode: str) -> list[str]:
         argv += ["--speculative-num-steps", str(cfg.num_steps),
                  "--speculative-eagle-topk", str(cfg.eagle_topk),
                  "--speculative-num-draft-tokens", str(cfg.num_draft_tokens)]
-    elif isinstance(cfg, (DflashMode, DDTreeShadowMode)):
+    elif isinstance(cfg, (DflashMode, DDTreeShadowMode, DDTreeMode)):
         argv += ["--speculative-algorithm", cfg.algorithm,
                  "--speculative-draft-model-path", cfg.draft_model_path,
                  "--speculative-num-draft-tokens", str(cfg.block_size)]
@@ -193,6 +193,11 @@ def mode_env(p: Profile, mode: str) -> dict[str, str]:
         env.update({"SGLANG_PLUGINS": "ddtree", "DDTREE_BUDGET": str(cfg.budget),
                     "DDTREE_SHADOW_SHARE": _num(cfg.shadow.share),
                     "DDTREE_SHADOW_REPORT_EVERY": str(cfg.shadow.report_every)})
+    elif isinstance(cfg, DDTreeMode):
+        # the same plugin serving the tree (DDTREE_MODE=tree), with the chain's spine-only share
+        env.update({"SGLANG_PLUGINS": "ddtree", "DDTREE_MODE": "tree", "DDTREE_BUDGET": str(cfg.budget),
+                    "DDTREE_CHAIN_SHARE": _num(cfg.tree.chain_share),
+                    "DDTREE_SHADOW_REPORT_EVERY": str(cfg.tree.report_every)})
     return env
 
 

@@ -32,6 +32,7 @@ from ddtree_ops import lock, output, releases, remote
 from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host, HostError
 from ddtree_ops.observe import parse_cursor, parse_systemctl_show, read_files
+from ddtree_ops.profile import PLUGIN_MODES
 from ddtree_ops.releases import Change, StoredRelease
 from ddtree_ops.render import Rendered, render_service
 from ddtree_ops.service_nodes import (NodeFailure, NodeState, Service, consistent, each, first_failed, gate_failures,
@@ -179,7 +180,7 @@ def deploy_service(hosts: Sequence[Host], svc: Service, mode: str, *, dry_run: b
         out.round_trips = sum(getattr(h, "round_trips", 0) for h in hosts)
         return out
 
-    plugin = build() if mode == "ddtree-shadow" else None
+    plugin = build() if mode in PLUGIN_MODES else None
     version = plugin.version if plugin else ""
 
     def plan() -> ServicePreflight:

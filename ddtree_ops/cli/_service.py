@@ -229,13 +229,14 @@ def smoke(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: 
 def preflight(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], as_json: bool,
               ssh_config: Optional[str]) -> int:
     # rendering and the service load pydantic (profiles): imported when the command runs
+    from ddtree_ops.profile import PLUGIN_MODES
     from ddtree_ops.render import render_service
     from ddtree_ops.service_preflight import preflight_service
     from ddtree_ops.wheel import build
 
     svc = load(inv, name, overrides)
     rendered = render_service(svc.nodes, mode)
-    plugin = build().version if mode == "ddtree-shadow" else ""
+    plugin = build().version if mode in PLUGIN_MODES else ""
     with ExitStack() as stack:
         spf = preflight_service(_hosts(svc, ssh_config, stack), svc, mode, rendered, plugin)
     if as_json:

@@ -1,4 +1,4 @@
-"""`ddtree-ops lab up|down|status|env|fault`: local test hosts ct129 and ct200 (real systemd, journald
+"""`ddtree-ops lab up|down|status|env|fault|load`: local test hosts ct129 and ct200 (real systemd, journald
 and sshd in nspawn containers; an SGLang stand-in in place of the GPU server). Needs root."""
 
 from __future__ import annotations
@@ -81,14 +81,15 @@ def env() -> int:
 @lab_app.command("fault")
 def fault(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an extra one (ct130, ct201, ...)"),
           name: str = typer.Argument(..., help="libcuda-missing, hang, crash-after-ready, slow-start, "
-                                               "accept-collapse, rank-oom, port-busy, stray-gpu-process, "
+                                               "accept-collapse, rank-oom, tree-mask, port-busy, stray-gpu-process, "
                                                "stray-gpu-card1, rendezvous-unreachable, or clear"),
           every_start: bool = typer.Option(False, "--every-start",
                                            help="Apply to every start until cleared, not only the next one.")) -> int:
     """Inject a fault into HOST for the next start of its service (`clear` removes all).
 
     The next start uses the fault up, so a rollback's start is clean; --every-start keeps it
-    (a host that stays broken). port-busy, stray-gpu-process and stray-gpu-card1 are real processes
+    (a host that stays broken). tree-mask breaks the next start's served tree (mode ddtree): its
+    verify mask is wrong off the spine, so it accepts well below what the shadow predicted. port-busy, stray-gpu-process and stray-gpu-card1 are real processes
     on the host, rendezvous-unreachable a real route in its network namespace (its packets to the
     other lab hosts are dropped); they last until `clear`.
 
@@ -98,6 +99,33 @@ def fault(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an 
 
     now = api.fault(host, name, every_start=every_start)
     output.say(f"{host}: faults now {', '.join(now) or 'none'}")
+    return 0
+
+
+@lab_app.command("load")
+def load(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an extra one"),
+         seconds: float = typer.Option(60.0, "--seconds", min=1, max=3600, help="How long to send."),
+         clients: int = typer.Option(2, "--clients", min=1, max=16, help="Requests in flight at once."),
+         batch: int = typer.Option(4, "--batch", min=1, max=64, help="Greedy prompts a request (one batch)."),
+         max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, max=4096),
+         wait: bool = typer.Option(False, "--wait", help="Return when the load ends, with its count."),
+         stop: bool = typer.Option(False, "--stop", help="Stop a load running on HOST.")) -> int:
+    """Put traffic on HOST's service: greedy /generate requests for --seconds, from inside the host.
+
+    It runs as a transient unit there (ddtree-lab-load.service), so it goes on through a restart of the
+    service, as a promote's switch does, and after this command returns (--wait: until it ends). At the
+    defaults a ddtree-shadow host gathers over 1,000 exact rounds in about a minute.
+
+    Example: ddtree-ops lab load ct200 --seconds 90 && ddtree-ops promote ct200
+    """
+    from ddtree_ops.lab import api  # psutil and the lab's machinery (~50 ms): not for --help
+
+    if stop:
+        api.stop_load(host)
+        output.say(f"{host}: load stopped")
+        return 0
+    plan = api.LoadPlan(seconds=seconds, clients=clients, batch=batch, max_new_tokens=max_new_tokens)
+    output.say(api.load(host, plan, wait=wait))
     return 0
 
 

@@ -13,7 +13,7 @@ from ddtree_ops.cli._show import show_checks
 
 
 def preflight_cmd(host: str = typer.Argument(...),
-                  mode: str = typer.Option("ddtree-shadow", "--mode", "-m", help="nextn | dflash | ddtree-shadow."),
+                  mode: str = typer.Option("ddtree-shadow", "--mode", "-m", help="nextn | dflash | ddtree-shadow | ddtree."),
                   set_: Optional[list[str]] = SetOpt, as_json: bool = JsonOpt,
                   ssh_config: Optional[str] = SshConfigOpt, profiles: Optional[str] = ProfilesOpt) -> int:
     """Run the deploy's preflight against HOST without changing anything. Exit 0 pass, 3 refused.
@@ -24,6 +24,7 @@ def preflight_cmd(host: str = typer.Argument(...),
     from ddtree_ops.preflight import run_preflight
     from ddtree_ops.releases import Layout
     from ddtree_ops.render import render
+    from ddtree_ops.profile import PLUGIN_MODES
     from ddtree_ops.wheel import build
 
     inv = _common.inventory(profiles)
@@ -31,7 +32,7 @@ def preflight_cmd(host: str = typer.Argument(...),
         return _service.preflight(inv, host, mode=mode, overrides=set_ or [], as_json=as_json, ssh_config=ssh_config)
     p = _common.load(host, set_, profiles)
     rendered = render(p, mode)
-    plugin = build().version if mode == "ddtree-shadow" else ""
+    plugin = build().version if mode in PLUGIN_MODES else ""
     with _common.connect(p, ssh_config) as h:
         pf = run_preflight(h, p, mode, rendered, Layout.for_service(p.service.state_dir, p.service.unit), plugin)
     if as_json:

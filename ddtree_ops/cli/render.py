@@ -21,7 +21,7 @@ class What(str, Enum):
 
 def render_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.yaml)."),
                mode: Optional[str] = typer.Option(None, "--mode", "-m",
-                                                  help="nextn | dflash | ddtree-shadow (default: ddtree-shadow)."),
+                                                  help="nextn | dflash | ddtree-shadow | ddtree (default: ddtree-shadow)."),
                what: What = typer.Option(What.unit, "--what", help="unit, env (secrets redacted) or argv."),
                set_: Optional[list[str]] = SetOpt, as_json: bool = JsonOpt,
                profiles: Optional[str] = ProfilesOpt) -> int:

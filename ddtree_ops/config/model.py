@@ -15,8 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from ddtree_ops.errors import ProfileError
 
-MODES = ("nextn", "dflash", "ddtree-shadow")
-Mode = Literal["nextn", "dflash", "ddtree-shadow"]
+MODES = ("nextn", "dflash", "ddtree-shadow", "ddtree")
+Mode = Literal["nextn", "dflash", "ddtree-shadow", "ddtree"]
+# the modes served through the ddtree SGLang plugin (installed with the release)
+PLUGIN_MODES = ("ddtree-shadow", "ddtree")
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"  # a pattern validation names in words (validate.py)
 ABS_PATH = r"^/"
@@ -188,13 +190,45 @@ class DDTreeShadowMode(_Strict):
     shadow: ShadowSettings = ShadowSettings()
 
 
-ModeConfig = Union[NextnMode, DflashMode, DDTreeShadowMode]
+class TreeServingSettings(_Strict):
+    # the share of verify rounds that verify the chain's spine alone (DFlash's own round), so that the
+    # tree's verify cost against the chain's is measured on the same traffic (DDTREE_CHAIN_SHARE)
+    chain_share: Annotated[float, Field(ge=0, le=0.5)] = 0.05
+    report_every: PosInt = 64
+
+
+class DDTreeMode(_Strict):
+    """Tree serving: the DDTree tree is verified and committed, the chain's spine inside it, so every
+    round also measures the chain (the plugin's DDTREE_MODE=tree). The tree a host serves is the one
+    its shadow measured: draft, block size, budget and draft attention backend left out are
+    modes.ddtree-shadow's (`Profile.mode` fills them in); given, they must be the same (a rule)."""
+
+    algorithm: Literal["DDTREE"] = "DDTREE"
+    draft_model_path: AbsPath | None = None
+    block_size: Annotated[int, Field(ge=2, le=64)] | None = None
+    budget: Annotated[int, Field(ge=1, le=4096)] | None = None
+    draft_attention_backend: AttentionBackend | None = None
+    tree: TreeServingSettings = TreeServingSettings()
+
+    def resolved_from(self, shadow: DDTreeShadowMode | None) -> DDTreeMode:
+        """This mode with what it leaves out taken from the shadow's (else the shadow's defaults)."""
+        base = shadow or DDTreeShadowMode.model_construct(draft_model_path=self.draft_model_path)
+        fill = {k: getattr(base, k) for k in INHERITED if getattr(self, k) is None}
+        return self.model_copy(update=fill) if fill else self
+
+
+# what mode ddtree takes from mode ddtree-shadow when it does not say
+INHERITED = ("draft_model_path", "block_size", "budget", "draft_attention_backend")
+
+
+ModeConfig = Union[NextnMode, DflashMode, DDTreeShadowMode, DDTreeMode]
 
 
 class ModesSection(_Strict):
     nextn: NextnMode
     dflash: DflashMode | None = None
     ddtree_shadow: DDTreeShadowMode | None = Field(default=None, alias="ddtree-shadow")
+    ddtree: DDTreeMode | None = None
 
 
 class GateSection(_Strict):
@@ -255,7 +289,9 @@ class Profile(_Strict):
 
     def mode(self, name: str) -> ModeConfig:
         cfg = {"nextn": self.modes.nextn, "dflash": self.modes.dflash,
-               "ddtree-shadow": self.modes.ddtree_shadow}.get(name)
+               "ddtree-shadow": self.modes.ddtree_shadow, "ddtree": self.modes.ddtree}.get(name)
+        if isinstance(cfg, DDTreeMode):
+            cfg = cfg.resolved_from(self.modes.ddtree_shadow)
         if cfg is None:
             configured = ", ".join(self.configured_modes())
             raise ProfileError([f"{self.name}: mode {name!r} is not configured (configured: {configured})"])
@@ -263,7 +299,8 @@ class Profile(_Strict):
 
     def configured_modes(self) -> list[str]:
         return [m for m, c in (("nextn", self.modes.nextn), ("dflash", self.modes.dflash),
-                               ("ddtree-shadow", self.modes.ddtree_shadow)) if c is not None]
+                               ("ddtree-shadow", self.modes.ddtree_shadow), ("ddtree", self.modes.ddtree))
+                if c is not None]
 
     @property
     def arch_number(self) -> int:

@@ -5,7 +5,7 @@ returns the key path to blame and why; `validate.py` names the file and line.
 
 from __future__ import annotations
 
-from ddtree_ops.config.model import Profile
+from ddtree_ops.config.model import INHERITED, DDTreeMode, Profile
 from ddtree_ops.config.source import Loc
 
 # facts/sglang-ddtree.md 7.3: sm_120 has no FA3 (SM 8x-9x only), no FA4 / trtllm (tcgen05, SM100/103 only)
@@ -59,10 +59,11 @@ def check_rules(p: Profile) -> list[tuple[Loc, str]]:
                                  "(use flashinfer or triton)"))
 
     backend_ok(("memory", "attention_backend"), p.memory.attention_backend)
-    for name in ("dflash", "ddtree-shadow"):
-        cfg = {"dflash": p.modes.dflash, "ddtree-shadow": p.modes.ddtree_shadow}[name]
+    for name in ("dflash", "ddtree-shadow", "ddtree"):
+        cfg = {"dflash": p.modes.dflash, "ddtree-shadow": p.modes.ddtree_shadow, "ddtree": p.modes.ddtree}[name]
         if cfg is not None:
             backend_ok(("modes", name, "draft_attention_backend"), cfg.draft_attention_backend)
+    out += _tree_rules(p)
     q = p.memory.quantization
     if q and q in _QUANT_MIN_ARCH and arch < _QUANT_MIN_ARCH[q]:
         out.append((("memory", "quantization"),
@@ -98,6 +99,40 @@ def check_rules(p: Profile) -> list[tuple[Loc, str]]:
     clash = set(p.service.env) & set(p.service.secrets)
     for name in sorted(clash):
         out.append((("service", "secrets", name), "also set in service.env; keep it in one place"))
+    return out
+
+
+def _tree_rules(p: Profile) -> list[tuple[Loc, str]]:
+    """The served tree (mode ddtree) is the tree the shadow (ddtree-shadow) measured: promote moves a host
+    from one to the other on the shadow's prediction, which holds only for the same draft, block size,
+    budget and draft attention backend (left out, mode ddtree takes the shadow's). The tree is built
+    from the draft's top-K, which needs an unsharded LM head."""
+    out: list[tuple[Loc, str]] = []
+    tree, shadow = p.modes.ddtree, p.modes.ddtree_shadow
+    if tree is None:
+        return out
+    if shadow is not None:
+        for key in INHERITED:
+            given = getattr(tree, key)
+            if given is not None and given != getattr(shadow, key):
+                out.append((("modes", "ddtree", key), f"{given!r} differs from modes.ddtree-shadow.{key} "
+                                                      f"{getattr(shadow, key)!r}: the served tree must be the one the "
+                                                      "shadow measured (promote acts on its prediction); leave it out "
+                                                      "to take the shadow's"))
+    elif tree.draft_model_path is None:
+        out.append((("modes", "ddtree"), "draft_model_path is required when modes.ddtree-shadow is not configured "
+                                         "(otherwise the tree takes the shadow's draft, block size and budget)"))
+        return out
+    cfg = p.mode("ddtree")
+    assert isinstance(cfg, DDTreeMode)
+    if cfg.budget is not None and cfg.block_size is not None and cfg.budget < cfg.block_size - 1:
+        out.append((("modes", "ddtree", "budget"), f"{cfg.budget} is below the draft horizon {cfg.block_size - 1} "
+                                                   "(block_size - 1): the tree could not hold the chain's spine, and "
+                                                   "the plugin refuses it"))
+    if p.sizes.tp_size > 1 and "ddtree" in (p.desired_mode, p.known_good_mode):
+        out.append((("parallel", "tp_size"), f"{p.sizes.tp_size} with mode ddtree: the served tree is built from the "
+                                             "draft's top-K, read from an unsharded LM head (the plugin refuses "
+                                             "tp > 1 in tree mode; ddtree-shadow serves the chain there)"))
     return out
 
 

@@ -18,7 +18,7 @@ CPU and shared by the tree worker (`sglang_tree`) and any backend.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from ddtree_ops.engine.sglang_settings import release_of
 from ddtree_ops.engine.shadow import heap_tree
@@ -132,13 +132,16 @@ class TreeVerifyBackend(Protocol):
         batch, its result discarded (what a tree round would cost here, now)."""
 
 
+def declared(found: Mapping[str, Any], version: str | None) -> Any:
+    """The entry point (or its value) declared for this SGLang release, else for any release, else None."""
+    return found.get(release_of(version) or str(version)) or found.get(ANY_RELEASE)
+
+
 def find_backend(version: str | None) -> tuple[Any, str]:
     """(the tree verify backend for this SGLang release, '') or (None, why there is none)."""
     from importlib.metadata import entry_points
 
-    release = release_of(version) or str(version)
-    found = {ep.name: ep for ep in entry_points(group=BACKEND_GROUP)}
-    ep = found.get(release) or found.get(ANY_RELEASE)
+    ep = declared({ep.name: ep for ep in entry_points(group=BACKEND_GROUP)}, version)
     if ep is None:
         return None, NO_BACKEND.format(version=version or "unknown")
     try:

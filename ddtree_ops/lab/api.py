@@ -1,4 +1,4 @@
-"""`ddtree-ops lab up | down | status | env | fault`, as functions (the CLI and the pytest fixture
+"""`ddtree-ops lab up | down | status | env | fault | load`, as functions (the CLI and the pytest fixture
 both call these)."""
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ EVERY_START = "@every-start"
 FILE_FAULTS = ("libcuda-missing", "hang", "crash-after-ready", "slow-start", "accept-collapse")
 # made real by a process on the host (so the stand-in meets them, it is not told about them)
 FILE_FAULTS += ("rank-oom",)  # the last rank of the next start runs out of memory loading its weights
+# the next start's served tree (mode ddtree) verifies under a broken mask: nodes off the spine see the
+# wrong ancestors, so the tree accepts little beyond the chain, well below what the shadow predicted
+FILE_FAULTS += ("tree-mask",)
 PROCESS_FAULTS = ("port-busy", "stray-gpu-process", "stray-gpu-card1")
 # made real in the host's network namespace: its packets to every other lab host are dropped (as a
 # firewall that drops them does), so a multi-node rank there never reaches rank 0's rendezvous
@@ -294,6 +297,55 @@ def _start_fault_process(paths: Paths, name: str, init: int, fault_name: str) ->
             raise LabError(f"{name}: the {fault_name} process did not register its GPU memory within 10 s")
 
 
+LOAD_UNIT = "ddtree-lab-load.service"
+
+
+@dataclass
+class LoadPlan:
+    seconds: float = 60.0
+    clients: int = 2
+    batch: int = 4            # prompts a request: the lab profiles' max_running_requests
+    max_new_tokens: int = 256
+
+
+def load(name: str, plan: LoadPlan, paths: Paths | None = None, *, wait: bool = False) -> str:
+    """Traffic for HOST's service for `plan.seconds`: a transient unit inside the host (so it goes on
+    through a restart of the service, and after this returns) running `standin/load.py` against the
+    service's port. A load already running there is replaced. Returns what it started, or with
+    `wait` the count it printed when it ended."""
+    paths = paths or Paths.default()
+    _sys.require_root()
+    _h, init = _host(paths, name)
+    port = _profiles([name], paths)[name].service.port
+    stop_load(name, paths)
+    argv = ["/usr/bin/python3", f"{payload.LAB_LIB}/sglang_standin/load.py", str(port), f"{plan.seconds:g}",
+            str(plan.clients), str(plan.batch), str(plan.max_new_tokens)]
+    res = machine.nsexec(init, ["systemd-run", f"--unit={LOAD_UNIT}", "--description=ddtree-ops lab load",
+                                f"--property=RuntimeMaxSec={int(plan.seconds) + 150}", *argv], timeout=30)
+    if res.returncode != 0:
+        raise LabError(f"{name}: could not start the load: {res.stderr.strip()}")
+    what = (f"{name}: load for {plan.seconds:g} s on port {port} ({plan.clients} clients x {plan.batch} greedy "
+            f"prompts of {plan.max_new_tokens} tokens a request), {LOAD_UNIT}")
+    if not wait:
+        return what
+    deadline = time.monotonic() + plan.seconds + 180
+    while time.monotonic() < deadline:
+        state = machine.nsexec(init, ["systemctl", "is-active", LOAD_UNIT], timeout=30).stdout.strip()
+        if state not in ("active", "activating", "deactivating"):
+            break
+        time.sleep(1.0)
+    out = machine.nsexec(init, ["journalctl", "-u", LOAD_UNIT, "-o", "cat", "--no-pager", "-n", "20"], timeout=30)
+    done = [ln for ln in out.stdout.splitlines() if ln.startswith("ddtree-lab load:")]
+    return f"{name}: {done[-1]}" if done else f"{name}: the load ended without its count ({what})"
+
+
+def stop_load(name: str, paths: Paths | None = None) -> None:
+    paths = paths or Paths.default()
+    _h, init = _host(paths, name)
+    machine.nsexec(init, ["systemctl", "stop", LOAD_UNIT], timeout=30)
+    machine.nsexec(init, ["systemctl", "reset-failed", LOAD_UNIT], timeout=30)
+
+
 def exec_in(name: str, argv: Sequence[str], paths: Paths | None = None, *, timeout: float = 60.0,
             input: bytes | None = None) -> Any:
     """Machine-level command in a lab host (tests' setup only)."""
@@ -312,6 +364,7 @@ class Lab:
     connect(host)             the tool's own Host (ddtree_ops.ssh) over real SSH; a context manager
     fault(host, name)         inject a fault for the next service start (every_start=True: every start);
                               clear(host) removes all
+    load(host, plan)          traffic for the host's service (a transient unit in the host); stop_load(host)
     restore(host)             clear faults and reinstall + restart the NEXTN service, healthy
     exec(host, argv)          machine-level command inside the host (test setup only, not the tool's path)
     env                       {"DDTREE_OPS_SSH_CONFIG": ..., "DDTREE_OPS_INVENTORY": ...} for a subprocess
@@ -371,3 +424,9 @@ class Lab:
 
     def faults(self, host: str) -> list[str]:
         return read_faults(self.paths, host)
+
+    def load(self, host: str, plan: LoadPlan | None = None, *, wait: bool = False) -> str:
+        return load(host, plan or LoadPlan(), self.paths, wait=wait)
+
+    def stop_load(self, host: str) -> None:
+        stop_load(host, self.paths)

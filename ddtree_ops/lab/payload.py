@@ -27,7 +27,12 @@ CUDA_VERSION = "12.8"
 _COMPUTE_CAP = {"sm_80": "8.0", "sm_86": "8.6", "sm_89": "8.9", "sm_90": "9.0", "sm_100": "10.0", "sm_120": "12.0"}
 STANDIN_FILES = ("__init__.py", "simgpu.py", "nvidia_smi.py", "memory.py", "behaviour.py", "textgen.py",
                  "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "scheduler.py", "startup.py",
-                 "faults.py", "nodes.py", "serving.py", "hold.py", "squat.py", "ranks.py")
+                 "faults.py", "nodes.py", "serving.py", "hold.py", "squat.py", "ranks.py", "treesim.py",
+                 "load.py")
+# the stand-in declares its simulated tree verify to the ddtree plugin (DDTREE_MODE=tree) as a package
+# would: an entry point in its own dist-info (see ddtree_ops/engine/sglang_backend.py)
+STANDIN_DIST = "sglang_standin-0.0.0.dist-info"
+STANDIN_ENTRY_POINTS = "[ddtree_ops.tree_verify]\n* = sglang_standin.treesim:SimTreeVerify\n"
 README = """ddtree-ops LAB HOST (a container on the operator's machine, not a GPU host)
 
 Real: systemd (PID 1), journald, sshd, the sglang 0.5.23 package in /opt/sglang/venv (its argument
@@ -35,7 +40,8 @@ parser, plugin loader and speculative-algorithm registry run for real).
 STAND-IN: `python -m sglang.launch_server` (the module is replaced by a shim that runs sglang_standin:
 no model is loaded, the KV pool is sized with SGLang's formula against the simulated GPU, the log lines
 are what real SGLang 0.5.17 printed on an H200 for the same scenario, the endpoints answer in SGLang's
-shapes; with the ddtree plugin installed its shadow accounting runs on simulated rounds) and /usr/bin/nvidia-smi (reads /etc/ddtree-lab/gpu.json and the
+shapes; with the ddtree plugin installed its shadow accounting, or its tree serving through the stand-in's
+simulated tree verify, runs on simulated rounds) and /usr/bin/nvidia-smi (reads /etc/ddtree-lab/gpu.json and the
 processes registered in /run/ddtree-lab/gpu/). NVML is not simulated: pynvml fails with
 NVMLError_LibraryNotFound as on a host without the NVIDIA driver.
 Faults for the next service start: /var/lib/ddtree-lab/faults (set with `ddtree-ops lab fault HOST NAME`).
@@ -59,6 +65,11 @@ def _copy_package(dest: Path) -> None:
 def install_shared(tree: Path) -> None:
     sp = site_packages(tree)
     _copy_package(sp / "sglang_standin")
+    dist = sp / STANDIN_DIST
+    dist.mkdir(exist_ok=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-standin\nVersion: 0.0.0\n"
+                                   "Summary: ddtree-ops LAB STAND-IN for sglang.launch_server\n")
+    (dist / "entry_points.txt").write_text(STANDIN_ENTRY_POINTS)
     # nvidia-smi's stand-in runs on the system python, beside a copy of the package
     _copy_package(tree / LAB_LIB.lstrip("/") / "sglang_standin")
     launcher = sp / "sglang" / "launch_server.py"

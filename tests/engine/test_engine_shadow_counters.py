@@ -8,6 +8,7 @@ figures the plugin printed, and the counters hold the sums of the rounds the fak
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -43,6 +44,9 @@ def test_two_scrapes_give_the_plugins_own_verdict(monkeypatch: pytest.MonkeyPatc
     w = Worker(budget=8, seed=5)
     st = w._ddtree()
     scrapes: list[tuple[Any, str]] = []
+    decided: list[tuple[int, int]] = []
+    real_exact = st.acct.observe_exact
+    monkeypatch.setattr(st.acct, "observe_exact", lambda c, t, s: (decided.append((c, t)), real_exact(c, t, s)))
     real_report = st._report
     monkeypatch.setattr(st.acct, "on_report", lambda rep: (real_report(rep), scrapes.append((rep, scrape()))))
     reqs = [FakeRequest([1, 2, 3]), FakeRequest([4, 5]), FakeRequest([6, 7, 8, 9])]
@@ -64,8 +68,10 @@ def test_two_scrapes_give_the_plugins_own_verdict(monkeypatch: pytest.MonkeyPatc
     assert f"{v.tau_tree:.3f}" == line.group(4) and v.tau_chain == pytest.approx(rep.tau_chain_sampled)
     assert (v.r, v.r_source) == (float(ratio), FROM_ENV) and line.group(6) == FROM_ENV
     assert (v.speedup, v.lower) == (rep.projected_speedup, rep.speedup_lower)
-    # the counters are the served rounds' sums, not figures the plugin made up
-    truth = w.truth[:v.exact_rounds]
+    # the counters are the served rounds' sums, not figures the plugin made up: the pairs it decided
+    # (each one a round the fake served, with the fake's own ground truth) up to the last report
+    truth = decided[:v.exact_rounds]
+    assert not Counter(truth) - Counter(w.truth)
     win = window(before, after).modes["shadow"]
     assert win.chain == sum(c for c, _ in truth) and win.tree == sum(t for _, t in truth)
     assert win.tree_chain == sum(c * t for c, t in truth) and win.chain_sq == sum(c * c for c, _ in truth)

@@ -60,7 +60,8 @@ def parsed() -> dict[str, dict]:
 def test_real_parser_accepts_rendered_argv(parsed: dict[str, dict], case: str) -> None:
     assert parsed[case]["ok"], parsed[case]
     mode = case.split("/")[1]
-    expected = {"nextn": "NEXTN", "dflash": "DFLASH", "ddtree-shadow": "DDTREE", "dflash-no-graph": "DFLASH"}[mode]
+    expected = {"nextn": "NEXTN", "dflash": "DFLASH", "ddtree-shadow": "DDTREE", "ddtree": "DDTREE",
+                "dflash-no-graph": "DFLASH"}[mode]
     assert parsed[case]["algo"] == expected
 
 

@@ -10,7 +10,7 @@ from typing import Any, Optional
 
 from . import lines, memory
 
-FAULTS = ("libcuda-missing", "hang", "crash-after-ready", "slow-start", "accept-collapse")
+FAULTS = ("libcuda-missing", "hang", "crash-after-ready", "slow-start", "accept-collapse", "tree-mask")
 
 
 @dataclass(frozen=True)

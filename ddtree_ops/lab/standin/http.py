@@ -13,6 +13,7 @@ from http import HTTPStatus
 from typing import Any, Optional
 
 from . import lines, sglog, textgen
+from .shadow import Job
 
 NOT_FOUND = {"detail": "Not Found"}
 
@@ -91,9 +92,6 @@ class Handler:
             s.stats.spec_verify_ct += st.verify_ct
             s.stats.spec_accept_tokens += completion
             s.stats.last_accept_length = st.accept_length
-            if s.shadow is not None:
-                s.shadow.prefill()
-                s.shadow.rounds(steps)
         latency = 0.004 + prompt_tokens * 0.0002 + len(steps) * s.step_s
         meta["e2e_latency"] = round(latency, 4)
         s.stats.num_requests += 1
@@ -103,6 +101,35 @@ class Handler:
         s.stats.e2e.append(latency)
         out = {"text": "".join(toks), "output_ids": [1000 + (hash(t) % 150000) for t in toks], "meta_info": meta}
         return out, latency, steps
+
+    def _plugin_rounds(self, outs: list[dict[str, Any]], steps: list[list[int]], params: dict[str, Any],
+                       slowest: float) -> tuple[list[list[int]], float]:
+        """The request's prompts as one batch through the ddtree plugin's worker (`shadow.ShadowRun`):
+        in shadow mode the chain's rounds are the ones above (the plugin accounts the tree beside them);
+        in tree mode the served tree's rounds replace them, and with them the request's acceptance
+        figures. The latency is the simulated verify forwards' time where the card's cost is known."""
+        s = self.state
+        temperature = params.get("temperature")
+        greedy = params.get("top_k") == 1 or (temperature is not None and float(temperature) <= 1e-6)
+        jobs = [Job(o["meta_info"]["prompt_tokens"], o["meta_info"]["completion_tokens"], st or [1], greedy)
+                for o, st in zip(outs, steps)]
+        served, seconds = s.shadow.serve(jobs)
+        if s.shadow.tree:
+            for o, chain, tree in zip(outs, steps, served):
+                meta, completion = o["meta_info"], o["meta_info"]["completion_tokens"]
+                verify_ct = max(1, len(tree))
+                correct = completion - verify_ct
+                s.stats.spec_verify_ct += verify_ct - len(chain)
+                meta.update({"spec_verify_ct": verify_ct, "spec_accept_length": round(completion / verify_ct, 4),
+                             "spec_num_correct_drafts": correct, "spec_accepted_drafts": correct,
+                             "spec_accept_rate": round(correct / max(meta["spec_num_proposed_drafts"], 1), 4)})
+                s.stats.last_accept_length = completion / verify_ct
+        if seconds:
+            prompt_s = max(o["meta_info"]["prompt_tokens"] for o in outs) * 0.0002
+            slowest = 0.004 + prompt_s + seconds
+            for o in outs:
+                o["meta_info"]["e2e_latency"] = round(slowest, 4)
+        return served, slowest
 
     def _log_batches(self, outs: list[dict[str, Any]], steps: list[list[int]]) -> None:
         """The scheduler's batch lines: one prefill for the batch, then a decode line every
@@ -146,6 +173,8 @@ class Handler:
             outs.append(out)
             steps.append(st)
             slowest = max(slowest, latency)
+        if self.state.shadow is not None and self.state.speculative:
+            steps, slowest = self._plugin_rounds(outs, steps, params, slowest)
         rids = [o["meta_info"]["id"] for o in outs]
         for rid in rids:
             self.state.inflight[rid] = time.monotonic()

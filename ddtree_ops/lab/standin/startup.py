@@ -212,7 +212,11 @@ def start_shadow(s: Scheduler, *, graphs: bool) -> None:
             sglog.info(f"{STANDIN_LABEL}: the ddtree plugin's shadow accounting cannot run here ({why}); "
                        "serving as SGLang's DFlash worker alone")
         else:
-            s.shadow = shadow.ShadowRun(mixin, s.p.draft_window, s.p.capture_layers)
+            # the verify cost is simulated from this card and the target's weights (treesim.VerifyCost);
+            # the tree-mask fault breaks the served tree's verify (treesim.SimTreeVerify)
+            s.shadow = shadow.ShadowRun(mixin, s.p.draft_window, s.p.capture_layers, card=s.card,
+                                        weight_bytes=s.p.pool.target_weights,
+                                        faults=frozenset(f for f in s.x.faults if f == "tree-mask"))
             if graphs:
                 s.shadow.init_cuda_graphs()
             return
