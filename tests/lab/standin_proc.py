@@ -104,6 +104,15 @@ def install_plugin(pdir: Path, dist: str, source: str, entry_points: dict[str, s
         f"{name} = {dist}:{func}\n" for name, func in entry_points.items()))
 
 
+def install_tree_backend(pdir: Path) -> None:
+    """The stand-in's simulated tree verify, declared as a lab host's payload declares it
+    (ddtree_ops/lab/payload.py), for the stand-in run from this checkout: put `pdir` on PYTHONPATH."""
+    info = pdir / "sglang_standin_local-0.0.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-standin-local\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[ddtree_ops.tree_verify]\n* = ddtree_ops.lab.standin.treesim:SimTreeVerify\n")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -178,7 +178,7 @@ def test_the_ddtree_plugin_shadows_on_simulated_rounds(runs: dict[str, Standin])
 
     s = runs["ddtree-shadow"]
     s.wait_log("The server is fired up and ready to roll!")
-    _, doc = s.post("/generate", {"text": STORY, "sampling_params": {"max_new_tokens": 96}})
+    _, doc = s.post("/generate", {"text": STORY, "sampling_params": {"temperature": 0, "max_new_tokens": 96}})
     log = s.log()
     assert log.count("DDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang 0.5.23, shadow-linear)") == 2
     assert "] " + REGISTERED % [1, 9, 17, 25, 33] in log

@@ -44,6 +44,9 @@ class Inputs:
     dflash_hook: Optional[bool] = None  # its handle_server_args runs DFLASH's; None: as its kind
     prefill_graph: Optional[bool] = None  # prefill CUDA graph on; None: as cuda_graph
     cuda_graph_max_bs_prefill: Optional[int] = None
+    # SGLANG_SIMULATE_ACC_LEN: SGLang forces every verify round's acceptance to this (the real runs'
+    # knob for random weights: their logs say "accept len: 3.00" throughout)
+    simulate_acc_len: Optional[float] = None
 
 
 @dataclass
@@ -195,6 +198,8 @@ def plan(x: Inputs) -> Plan:
         mean, spread = (min(4.6, window), 0.6) if _layer_ids(x.draft_cfg) else (1.0, 0.0)
     elif x.kind == "custom":
         mean, spread = min(2.0, window), 0.3
+    if x.simulate_acc_len is not None and spec:
+        mean, spread = min(max(x.simulate_acc_len, 1.0), float(window)), 0.0
     if "accept-collapse" in x.faults:
         mean, spread = 1.0, 0.0
 

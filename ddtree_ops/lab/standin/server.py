@@ -193,7 +193,16 @@ def inputs_from(sa: Any, algo: Any, card: simgpu.Card, others_mib: int) -> behav
         allow_longer_context=os.environ.get("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN", "").lower() in ("1", "true"),
         faults=read_faults(), verify_for_draft=bool(algo.supports_target_verify_for_draft()) if kind != "none" else None,
         dflash_hook=dflash_hook(algo) if kind != "none" else None, prefill_graph=not _prefill_graph_disabled(sa),
-        cuda_graph_max_bs_prefill=getattr(sa, "cuda_graph_max_bs_prefill", None))
+        cuda_graph_max_bs_prefill=getattr(sa, "cuda_graph_max_bs_prefill", None),
+        simulate_acc_len=_simulated_acceptance())
+
+
+def _simulated_acceptance() -> Optional[float]:
+    raw = os.environ.get("SGLANG_SIMULATE_ACC_LEN", "").strip()
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _set_ulimit() -> None:

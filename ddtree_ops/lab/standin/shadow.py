@@ -51,7 +51,7 @@ def plugin_mixin() -> tuple[Optional[type], str]:
     if importlib.util.find_spec("torch") is None:
         return None, "torch is not installed"
     try:
-        if importlib.util.find_spec("prometheus_client") is None:
+        if "prometheus_client" not in sys.modules and importlib.util.find_spec("prometheus_client") is None:
             # the lab venv has no prometheus_client (SGLang depends on it): the plugin's gauges are
             # kept by a text-format recorder of the same interface
             sys.modules.setdefault("prometheus_client", _recorder_module())
@@ -320,6 +320,7 @@ class ShadowRun:
             state = w.__dict__.get("_ddtree_state")
             if state is not None:     # a request's last round is accounted before its answer returns
                 state.drain(wait=True)
+
         return steps, w.sim_seconds - t0
 
     def rounds(self, commits: list[int]) -> None:

@@ -1,0 +1,171 @@
+"""The stand-in serving DDTREE through the plugin's own code: the shadow and the served tree on simulated
+rounds (`standin/treesim.py`), the lab's two GPU classes' measured cost ratio and the verdicts it gives,
+the served tree against the shadow's prediction, the tree-mask fault, and the tree mode's report lines
+held to the plugin's own format and to its /metrics.
+
+In-process where no HTTP is needed (the plugin's mixin in front of the stand-in's simulated DFlash
+worker, as the stand-in builds it); as a stand-in process (tests/lab/standin_proc.py) for the rest."""
+
+from __future__ import annotations
+
+import re
+import types
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from ddtree_ops.lab.standin import shadow, textgen, treesim
+from ddtree_ops.treestats import FROM_MEASURED, KEEP_CHAIN, INCONCLUSIVE, PROMOTE, parse_metrics, verdict
+
+from standin_proc import Standin, ddtree_argv, free_port, install_tree_backend, start
+
+A6000 = types.SimpleNamespace(name="NVIDIA RTX A6000", compute_cap="8.6")
+PRO6000 = types.SimpleNamespace(name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", compute_cap="12.0")
+WEIGHTS = 16_381_470_720        # Qwen3-8B in BF16 (the stand-in's own figure from the fixture's index)
+BAR = 1.05                      # promote's bar on the lower bound (issue 28)
+
+
+@pytest.fixture
+def backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    install_tree_backend(tmp_path / "backend")
+    monkeypatch.syspath_prepend(str(tmp_path / "backend"))
+
+
+def plugin_env(monkeypatch: pytest.MonkeyPatch, **env: str) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("DDTREE_") or key == "SGLANG_SIMULATE_ACC_LEN":
+            monkeypatch.delenv(key, raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+
+
+def serve(card: Any, mode: str, monkeypatch: pytest.MonkeyPatch, *, batches: int, faults: frozenset[str] = frozenset(),
+          **env: str) -> tuple[Any, Any]:
+    """The lab load's shape (`lab load`: requests of 2 greedy prompts of 256 tokens) through the plugin's
+    worker on the stand-in; returns (the plugin's verdict over its own counters, its accounting)."""
+    plugin_env(monkeypatch, DDTREE_MODE=mode, DDTREE_BUDGET="64", DDTREE_SHADOW_REPORT_EVERY="1000000", **env)
+    mixin, why = shadow.plugin_mixin()
+    assert mixin is not None, why
+    run = shadow.ShadowRun(mixin, 16, [1, 9, 17, 25, 33], card=card, weight_bytes=WEIGHTS, faults=faults)
+    run.init_cuda_graphs()
+    for i in range(batches):
+        jobs = []
+        for k in range(2):
+            prompt = f"lab load client 0 request {i} prompt {k}: tell me about the tree"
+            st = textgen.spec_stats(prompt, 256, mean=4.6, spread=0.6, cap=16)
+            jobs.append(shadow.Job(9, 256, textgen.round_commits(prompt, 256, st.verify_ct)))
+        run.serve(jobs)
+    w = run.worker
+    state = w._ddtree_tree() if mode == "tree" else w._ddtree()
+    if mode == "shadow":
+        state.drain(wait=True)
+    return state.acct.verdict(), state.acct
+
+
+def test_verify_cost_is_a_roofline_of_the_simulated_card() -> None:
+    a, p = treesim.VerifyCost(A6000.name, "8.6", WEIGHTS), treesim.VerifyCost(PRO6000.name, "12.0", WEIGHTS)
+    assert a.weight_s == pytest.approx(WEIGHTS / 768e9) and p.weight_s == pytest.approx(WEIGHTS / 1792e9)
+    assert a.ridge == pytest.approx(154.8e12 * 0.5 / 768e9) and p.ridge == pytest.approx(503.8e12 * 0.5 / 1792e9)
+    ratio = lambda c, bs: c.exact(bs * 65) / c.exact(bs * 16)  # noqa: E731  (a 64-node tree's round, a chain's)
+    assert ratio(a, 1) < 1.06 and ratio(p, 1) < 1.02            # one row: the weight read hides the tree
+    assert ratio(a, 2) > 1.3 > 1.2 > ratio(p, 2) > 1.1          # two rows: the A6000's tensor cores show it
+    assert treesim.card_figures("NVIDIA RTX 6000 Ada", "8.6")[0] == "RTX A6000"   # unknown name: by arch
+
+
+def test_the_lab_classes_measure_their_r_and_reach_opposite_verdicts(backend: None,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shadow on each class, over the lab load's rounds: the A6000 class measures a higher r and stays
+    on the chain; the RTX PRO 6000 class clears promote's 1.05 bar on the lower bound."""
+    a, _ = serve(A6000, "shadow", monkeypatch, batches=6, DDTREE_SHADOW_SHARE="1.0", DDTREE_COST_PROBE_SHARE="0.2")
+    p, _ = serve(PRO6000, "shadow", monkeypatch, batches=6, DDTREE_SHADOW_SHARE="1.0", DDTREE_COST_PROBE_SHARE="0.2")
+    for v in (a, p):
+        assert v.r_source == FROM_MEASURED and v.exact_rounds >= 600
+    assert a.r > 1.3 and 1.08 < p.r < 1.2
+    assert a.tau_tree / a.tau_chain == pytest.approx(p.tau_tree / p.tau_chain, rel=0.08)   # the same tree, the same world
+    assert a.recommendation in (KEEP_CHAIN, INCONCLUSIVE) and a.lower < BAR
+    assert p.recommendation == PROMOTE and p.lower >= BAR
+
+
+def test_the_served_tree_meets_the_shadows_prediction_and_the_fault_misses_it(backend: None,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    predicted, _ = serve(PRO6000, "shadow", monkeypatch, batches=5, DDTREE_SHADOW_SHARE="1.0")
+    served, acct = serve(PRO6000, "tree", monkeypatch, batches=6, DDTREE_CHAIN_SHARE="0.2")
+    assert served.mode == "tree" and served.exact_rounds >= 400 and served.r_source == FROM_MEASURED
+    assert abs(served.tau_tree / predicted.tau_tree - 1) <= 0.03
+    assert abs(served.tau_chain / predicted.tau_chain - 1) <= 0.03          # the paired chain: the same chain
+    assert served.recommendation == PROMOTE
+    assert acct.cost[("chain", "2")][1] >= 20                               # spine-only rounds: r measured live
+    broken, _ = serve(PRO6000, "tree", monkeypatch, batches=5, faults=frozenset({treesim.TREE_MASK_FAULT}),
+                      DDTREE_CHAIN_SHARE="0.1")
+    assert broken.tau_tree < 0.92 * predicted.tau_tree                       # well outside promote's 3%
+    assert broken.tau_tree >= broken.tau_chain                               # the spine still holds the chain
+    assert broken.recommendation in (KEEP_CHAIN, INCONCLUSIVE)
+
+
+# ------------------------------------------------------------------ the stand-in process
+
+
+TREE_ENV = {"SGLANG_PLUGINS": "ddtree", "DDTREE_MODE": "tree", "DDTREE_BUDGET": "64", "DDTREE_CHAIN_SHARE": "0.2",
+            "DDTREE_SHADOW_REPORT_EVERY": "20"}
+PRO6000_CARD = {"index": 0, "name": PRO6000.name, "uuid": "GPU-test-pro", "memory_mib": 97887, "compute_cap": "12.0",
+                "driver_version": "570.172.08"}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Standin]]:
+    out: dict[str, Standin] = {}
+    for name, env, backend_here in (("tree", TREE_ENV, True), ("tree-no-backend", TREE_ENV, False)):
+        tmp = tmp_path_factory.mktemp(name)
+        e = dict(env)
+        if backend_here:
+            install_tree_backend(tmp / "backend")
+            e["PYTHONPATH"] = str(tmp / "backend")
+        port = free_port()
+        out[name] = start(tmp, ddtree_argv(port), port=port, env=e, card=PRO6000_CARD)
+    try:
+        yield out
+    finally:
+        for s in out.values():
+            s.stop()
+
+
+def test_tree_mode_without_a_backend_is_refused_at_launch(runs: dict[str, Standin]) -> None:
+    s = runs["tree-no-backend"]
+    assert s.wait_exit() != 0
+    assert "DDTREE launch refused" in s.log() and "no tree verify backend for sglang 0.5.23" in s.log()
+    assert "fired up" not in s.log()
+
+
+def test_the_stand_in_serves_the_tree_and_its_lines_are_the_plugins(runs: dict[str, Standin]) -> None:
+    """Conformance of the new lines: every `DDTREE tree:` report the stand-in prints is the plugin's own
+    format (sglang_tree.TREE_LINE), and the last one says what /metrics says through treestats."""
+    from ddtree_ops.engine.sglang_tree import TREE_LINE
+
+    s = runs["tree"]
+    s.wait_log("The server is fired up and ready to roll!")
+    status, doc = s.post("/generate", {"text": ["one tree please", "and another"],
+                                       "sampling_params": {"temperature": 0, "max_new_tokens": 192}})
+    assert status == 200
+    log = s.log()
+    assert "DDTREE plugin: registered DDTREE as a DFlash-family algorithm (sglang 0.5.23, tree serving)" in log
+    assert re.search(r"DDTREE tree: serving the tree \(budget 64, horizon 15, spine inside\), 20% of rounds verify the "
+                     r"spine alone, tree verify by ddtree-ops LAB STAND-IN simulated tree verify", log)
+    pattern = re.compile("^" + re.escape(TREE_LINE).replace(r"\{", "{").replace(r"\}", "}")
+                         .replace("{", "(?P<").replace("}", r">\S+)") + "$")
+    lines = [ln.split("] ", 1)[1] for ln in log.splitlines() if "] DDTREE tree: rounds=" in ln]
+    assert len(lines) >= 3
+    assert all(pattern.match(ln) for ln in lines), [ln for ln in lines if not pattern.match(ln)]
+    last = pattern.match(lines[-1]).groupdict()  # type: ignore[union-attr]
+    counters = parse_metrics(s.get("/metrics")[1].decode())
+    assert counters is not None
+    v = verdict(counters)
+    assert v.mode == "tree" and int(last["exact"]) == v.exact_rounds and last["rec"] == v.recommendation
+    assert float(last["tau_tree"]) == pytest.approx(v.tau_tree, abs=5e-4)
+    assert float(last["tau_chain"]) == pytest.approx(v.tau_chain, abs=5e-4)
+    # the request's acceptance is the served tree's: more than the chain's on the same rounds
+    metas = [d["meta_info"] for d in doc]
+    assert all(m["spec_accept_length"] > v.tau_chain for m in metas)
+    assert all(m["completion_tokens"] == 192 for m in metas)
