@@ -96,6 +96,30 @@ class Counters:
         return max(self.modes.items(), key=lambda kv: (kv[1].rounds, kv[0] == "tree"))
 
 
+def to_dict(c: Counters) -> dict[str, object]:
+    """Counters as plain JSON data (what smoke keeps between runs, what promote records)."""
+    return {"modes": {m: {**{k: getattr(v, k) for k in SUMS.values()}, "dropped": dict(v.dropped)}
+                      for m, v in c.modes.items()},
+            "verify": [[arm, bs, secs, n] for (arm, bs), (secs, n) in sorted(c.verify.items())],
+            "cost_ratios": dict(c.cost_ratios), "silent": c.silent, "restarted": c.restarted}
+
+
+def from_dict(doc: object) -> Counters | None:
+    """`to_dict`'s inverse; None for anything else (an older state file, a hand edit)."""
+    try:
+        assert isinstance(doc, dict)
+        modes = {str(m): ModeSums(**{k: float(v[k]) for k in SUMS.values()},
+                                  dropped={str(r): float(x) for r, x in dict(v.get("dropped", {})).items()})
+                 for m, v in dict(doc["modes"]).items()}
+        verify = {(str(a), str(b)): (float(secs), float(n)) for a, b, secs, n in doc.get("verify", [])}
+        ratios = {str(k): float(v) for k, v in dict(doc.get("cost_ratios", {})).items()}
+        silent = doc.get("silent")
+        return Counters(modes=modes, verify=verify, cost_ratios=ratios, silent=str(silent) if silent else None,
+                        restarted=bool(doc.get("restarted", False)))
+    except (AssertionError, KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 

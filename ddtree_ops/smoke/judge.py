@@ -18,6 +18,7 @@ from ddtree_ops.observe import UnitState
 from ddtree_ops.smoke.observe import Golden, HttpProbe, Observation
 from ddtree_ops.smoke.parse import Generation
 from ddtree_ops.status import NagiosExit
+from ddtree_ops.treestats import KEEP_CHAIN, Verdict, verdict, window
 
 if TYPE_CHECKING:
     from ddtree_ops.profile import SmokeSection
@@ -169,15 +170,63 @@ def judge(obs: Observation, cfg: SmokeSection) -> HostResult:
         checks.append(Check("accept_len", None, "no completion"))
         return done()
     checks.append(_accept_check(obs, gen, cfg, perf))
-    if obs.mode == "ddtree-shadow" or obs.algorithm == "DDTREE":
+    if obs.mode == "ddtree":
+        checks.append(_tree_check(obs, perf))
+    elif obs.mode == "ddtree-shadow" or obs.algorithm == "DDTREE":
         checks.append(_shadow_check(obs, perf))
     checks.append(_golden_check(obs.golden, gen.text))
     return done()
 
 
+def _window(obs: Observation, mode: str) -> tuple[Verdict, str]:
+    """The plugin's verdict over this check's own window: its counters now minus those the last check
+    of this host kept (the whole life of the server when there is none, or it restarted since)."""
+    prev = obs.previous.counters if obs.previous is not None else None
+    assert obs.counters is not None
+    win = window(prev, obs.counters)
+    since = "since the last check" if prev is not None and not win.restarted else "since the server started"
+    return verdict(win, mode=mode), since
+
+
+def _paired_figures(h: str, v: Verdict, since: str, perf: list[Perf]) -> str:
+    perf.append(Perf(f"{h}_exact_rounds", v.exact_rounds))
+    if v.tau_tree is None or v.tau_chain is None:
+        return f"no exact round {since} ({v.rounds} accounted)"
+    perf.extend([Perf(f"{h}_tau_tree", round(v.tau_tree, 3)), Perf(f"{h}_tau_chain", round(v.tau_chain, 3))])
+    text = f"{v.exact_rounds} exact rounds {since}: tau_tree {v.tau_tree:.2f}, paired tau_chain {v.tau_chain:.2f}"
+    if v.r is not None and v.speedup is not None:
+        perf.extend([Perf(f"{h}_cost_ratio", round(v.r, 3)), Perf(f"{h}_speedup", round(v.speedup, 3))])
+        lower = f" (lower bound {v.lower:.3f})" if v.lower is not None else ""
+        text += f", r {v.r:.2f} ({v.r_source}), projected speedup {v.speedup:.3f}{lower}: {v.recommendation}"
+    return text
+
+
+def _tree_check(obs: Observation, perf: list[Perf]) -> Check:
+    """A tree-serving host (mode ddtree) measures the chain on the same rounds: the served tau_tree, the
+    paired tau_chain and the verify cost ratio over this check's window. A tree that does not pay for
+    its cost there (keep-chain) is a WARNING: the host should go back to the shadow."""
+    if obs.counters is None:
+        return Check("tree", None, "no ddtree counters on /metrics (metrics off, or a plugin without them)")
+    v, since = _window(obs, "tree")
+    if v.silent is not None and not v.exact_rounds:
+        return Check("tree", NagiosExit.WARNING, f"tree accounting is not running: {v.silent}",
+                     "tree accounting not running")
+    detail = _paired_figures(obs.host, v, since, perf)
+    if v.recommendation == KEEP_CHAIN:
+        return Check("tree", NagiosExit.WARNING, detail, "the served tree does not pay for its verify cost")
+    return Check("tree", NagiosExit.OK, detail)
+
+
 def _shadow_check(obs: Observation, perf: list[Perf]) -> Check:
     """DDTREE shadow's point is the measurement: a server that serves but accounts nothing is a
-    WARNING (the plugin's `ddtree_shadow_silent{reason}` gauge), not OK."""
+    WARNING (the plugin's `ddtree_silent{reason}`), not OK. With the plugin's counters the figures are
+    this check's window's; a plugin of before them has its gauges read."""
+    if obs.counters is not None:
+        v, since = _window(obs, "shadow")
+        if v.silent is not None and not v.rounds:
+            return Check("shadow", NagiosExit.WARNING, f"shadow accounting is not running: {v.silent}",
+                         "shadow accounting not running")
+        return Check("shadow", NagiosExit.OK, _paired_figures(obs.host, v, since, perf))
     sh = obs.shadow
     if sh is None or not sh.present:
         return Check("shadow", None, "no ddtree_shadow_* gauges on /metrics (metrics off, or before the first report)")

@@ -14,6 +14,7 @@ from ddtree_ops.host import Host, HostError, HttpUnavailable
 from ddtree_ops.observe import UnitState
 from ddtree_ops.smoke.parse import (ALGORITHM_MODES, Generation, ShadowMetrics, parse_generate, parse_metrics_accept,
                                     parse_metrics_shadow, parse_server_info, parse_unit_header)
+from ddtree_ops.treestats import Counters, parse_metrics
 
 if TYPE_CHECKING:
     from ddtree_ops.profile import Profile
@@ -51,6 +52,7 @@ class Previous:
     main_pid: int = 0
     invocation: str = ""
     checked_at: float = 0.0
+    counters: Counters | None = None  # the ddtree plugin's counters at the last check (the window's start)
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,7 @@ class Observation:
     server_accept_len: float | None = None  # /server_info internal_states avg_spec_accept_length
     metrics_accept_len: float | None = None  # /metrics sglang:spec_accept_length
     shadow: ShadowMetrics | None = None  # /metrics ddtree_shadow_* (the ddtree plugin's gauges)
+    counters: Counters | None = None  # /metrics ddtree_*_total (the ddtree plugin's counters, treestats)
     previous: Previous | None = None
     golden: Golden | None = None
     duration_s: float = 0.0  # the whole check, SSH connection included
@@ -115,9 +118,10 @@ def observe_host(host: Host, p: Profile, *, previous: Previous | None = None,
     text = metrics.body.decode("utf-8", "replace") if metrics.ok else ""
     metrics_accept = parse_metrics_accept(text) if metrics.ok else None
     shadow = parse_metrics_shadow(text) if metrics.ok else None
+    counters = parse_metrics(text) if metrics.ok else None
     mode = obs.mode or (ALGORITHM_MODES.get(algorithm or "") if algorithm else None)
     return replace(obs, mode=mode, algorithm=algorithm, server_accept_len=server_accept,
-                   metrics_accept_len=metrics_accept, shadow=shadow)
+                   metrics_accept_len=metrics_accept, shadow=shadow, counters=counters)
 
 
 def _probe(host: Host, method: str, port: int, path: str, *, body: Any = None, timeout: float) -> HttpProbe:

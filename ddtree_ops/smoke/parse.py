@@ -120,7 +120,8 @@ _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 @dataclass(frozen=True)
 class ShadowMetrics:
-    """The ddtree plugin's gauges on /metrics (`ddtree_ops.engine.sglang_shadow._Metrics`)."""
+    """The ddtree plugin's gauges on /metrics (`ddtree_ops.engine.sglang_metrics`); its counters are
+    read by `treestats.parse_metrics`, which smoke prefers where a plugin exports them."""
 
     rounds: float | None = None        # ddtree_shadow_rounds: verify rounds accounted
     tau_chain: float | None = None

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 from ddtree_ops.smoke.judge import HostResult
 from ddtree_ops.smoke.observe import Golden, Previous
+from ddtree_ops.treestats import from_dict, to_dict
 
 if TYPE_CHECKING:
     from ddtree_ops.profile import Profile
@@ -31,7 +32,8 @@ def default_state_dir() -> Path:
 
 
 class StateStore:
-    """NRestarts per host between runs (restarts rising = WARNING) and recorded golden outputs.
+    """NRestarts per host between runs (restarts rising = WARNING), the ddtree plugin's counters (the
+    next check's window starts there) and recorded golden outputs.
 
     Lives on the control machine; written only under the run lock, so runs never race on it.
     A missing or unreadable file means "no earlier check", never a failed one.
@@ -49,7 +51,7 @@ class StateStore:
         if not isinstance(h, dict) or "restarts" not in h:
             return None
         return Previous(int(h["restarts"]), int(h.get("main_pid", 0)), str(h.get("invocation", "")),
-                        float(h.get("checked_at", 0)))
+                        float(h.get("checked_at", 0)), from_dict(h.get("ddtree")) if "ddtree" in h else None)
 
     def update(self, results: Sequence[HostResult], now: float) -> None:
         for r in results:
@@ -57,6 +59,8 @@ class StateStore:
             if u is not None:
                 self._hosts[r.host] = {"restarts": u.restarts, "main_pid": u.main_pid,
                                        "invocation": u.invocation, "checked_at": now}
+                if r.observation.counters is not None:   # the next check's window starts here
+                    self._hosts[r.host]["ddtree"] = to_dict(r.observation.counters)
         doc = {"schema_version": 1, "hosts": self._hosts}
         write_atomic(self.dir / "smoke-state.json", json.dumps(doc, indent=2, sort_keys=True) + "\n")
 
