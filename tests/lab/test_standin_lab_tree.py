@@ -1,0 +1,101 @@
+"""DDTree on the lab hosts, through the CLI an operator types: mode ddtree deploys, gates and serves the
+tree (the stand-in's simulated tree verify, declared by the lab payload); `lab load` gives a shadow over a
+thousand exact rounds in about a minute; the two GPU classes measure different verify cost ratios and
+reach opposite verdicts at promote's bar; the tree-mask fault makes the served tree miss the shadow's
+prediction; smoke reports the live paired figures over its own window."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Iterator
+
+import pytest
+
+from ddtree_ops.lab.api import LoadPlan
+from ddtree_ops.treestats import KEEP_CHAIN, INCONCLUSIVE, PROMOTE, parse_metrics, verdict, window
+from labkit import PORT, restart, tool, wait_journal
+
+pytestmark = pytest.mark.lab
+FAST = ["--set", "gate.stay_healthy_s=2"]
+BAR = 1.05
+
+
+def deploy(lab: Any, host: str, mode: str) -> None:
+    rc, doc, err = tool(lab, "deploy", host, "--mode", mode, "--yes", "--json", *FAST, timeout=600)
+    assert rc == 0, (doc, err[-3000:])
+    assert doc["mode"] == mode if "mode" in doc else True
+
+
+def scrape(lab: Any, host: str) -> Any:
+    with lab.connect(host) as h:
+        return parse_metrics(h.http("GET", PORT, "/metrics", timeout=20).text)
+
+
+@pytest.fixture()
+def hosts(lab: Any) -> Iterator[Any]:
+    yield lab
+    for host in ("ct129", "ct200"):
+        lab.stop_load(host)
+        lab.restore(host)
+
+
+def test_a_shadow_gathers_a_thousand_rounds_a_minute_and_the_classes_disagree(hosts: Any) -> None:
+    """ct200 (RTX PRO 6000 class) clears promote's bar; ct129 (A6000 class) measures a higher r and
+    stays on the chain, with the reason."""
+    lab = hosts
+    found = {}
+    for host in ("ct200", "ct129"):
+        deploy(lab, host, "ddtree-shadow")
+        before = scrape(lab, host)
+        t0 = time.monotonic()
+        said = lab.load(host, LoadPlan(seconds=60), wait=True)
+        took = time.monotonic() - t0
+        assert "failed" in said and " 0 failed" in said, said
+        v = verdict(window(before, scrape(lab, host)))
+        found[host] = v
+        assert v.exact_rounds >= 1000, (host, v, took)
+        assert took < 120
+    ct200, ct129 = found["ct200"], found["ct129"]
+    assert ct200.r_source == ct129.r_source == "measured"
+    assert ct129.r > ct200.r + 0.15
+    assert ct200.recommendation == PROMOTE and ct200.lower >= BAR, ct200
+    assert ct129.recommendation in (KEEP_CHAIN, INCONCLUSIVE) and ct129.lower < BAR, ct129
+    assert "does not pay" in ct129.reason or "not told apart" in ct129.reason
+
+
+def test_mode_ddtree_serves_the_tree_and_smoke_reports_the_paired_figures(hosts: Any) -> None:
+    lab = hosts
+    deploy(lab, "ct200", "ddtree")
+    lab.load("ct200", LoadPlan(seconds=20), wait=True)
+    rc, doc, err = tool(lab, "smoke", "ct200", "--json")
+    assert rc == 0, (doc, err)
+    host = doc["hosts"][0]
+    assert host["mode"] == "ddtree"
+    tree = next(c for c in host["checks"] if c["name"] == "tree")
+    assert tree["status"] == "ok" and "paired tau_chain" in tree["detail"] and "(measured)" in tree["detail"]
+    v = verdict(scrape(lab, "ct200"))
+    assert v.mode == "tree" and v.exact_rounds >= 300 and v.tau_tree > 1.15 * v.tau_chain
+    assert v.recommendation == PROMOTE
+    with lab.connect("ct200") as h:
+        log = h.run(["journalctl", "-u", "sglang.service", "-o", "cat", "--no-pager", "-n", "2000"], timeout=30).stdout
+    assert "tree verify by ddtree-ops LAB STAND-IN simulated tree verify" in log
+    assert "DDTREE tree: rounds=" in log
+
+
+def test_the_tree_mask_fault_misses_the_prediction(hosts: Any) -> None:
+    lab = hosts
+    deploy(lab, "ct200", "ddtree")
+    lab.load("ct200", LoadPlan(seconds=15), wait=True)
+    good = verdict(scrape(lab, "ct200"))
+    lab.fault("ct200", "tree-mask")
+    with lab.connect("ct200") as h:
+        inv = restart(h)
+        wait_journal(h, inv, "The server is fired up and ready to roll!", timeout=120)
+    lab.load("ct200", LoadPlan(seconds=15), wait=True)
+    broken = verdict(scrape(lab, "ct200"))           # the restarted server's counters, since its start
+    assert good.exact_rounds >= 200 and broken.exact_rounds >= 200
+    assert broken.tau_tree < 0.92 * good.tau_tree    # far outside promote's 3%
+    assert abs(broken.tau_chain / good.tau_chain - 1) < 0.05   # the same traffic, the same chain
+    assert broken.recommendation != PROMOTE
+    assert json.dumps(broken.to_dict())
