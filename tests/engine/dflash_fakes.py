@@ -117,6 +117,17 @@ class FakeDFlash:
         self.eager_rounds += 1
         return torch.argmax(hidden_states @ lm_head.weight.T, dim=-1)
 
+    def head_draft(self, hidden: Any) -> Any:
+        """DFlash's draft tokens [bs, L] from the draft's hidden states [bs, block, H]: the graph replays
+        the captured sampler (a batch the graphs cover), else the eager head runs."""
+        bs, L = hidden.shape[0], self.block_size - 1
+        flat = hidden.reshape(bs * self.block_size, -1)
+        if self._draft_sampler is not None and bs <= self.max_bs:
+            self._draft_sampler(flat, None)
+            return self._draft_sampler.out[:bs * L].view(bs, L)
+        h = hidden[:, 1:, :].reshape(-1, hidden.shape[-1])
+        return self._greedy_sample_from_vocab_parallel_head(hidden_states=h, lm_head=self.head).view(bs, -1)
+
     def draft_hidden(self, bs: int) -> Any:
         return torch.randn(bs * self.block_size, self.hidden, generator=self.hidden_gen)
 
@@ -164,6 +175,20 @@ def target_next(context: tuple[int, ...], vocab: int) -> int:
     return h % vocab
 
 
+def draft_logits(want: list[int], depth: int, vocab: int, rng: Any) -> Any:
+    """A draft's logits [depth, vocab] that put the target's token (`want`) at rank 0 (60%), 1 (30%)
+    or 2 (10%) at each position, at random."""
+    logits = torch.randn(depth, vocab, generator=rng) * 0.3
+    for d in range(depth):
+        others = [t for t in torch.randperm(vocab, generator=rng).tolist() if t != want[d]][:2]
+        where = int(torch.randint(0, 10, (1,), generator=rng))
+        ranked = ([want[d]] + others if where < 6 else [others[0], want[d], others[1]] if where < 9
+                  else others + [want[d]])
+        for bonus_logit, t in zip((4.0, 3.5, 3.0), ranked):
+            logits[d, t] += bonus_logit
+    return logits
+
+
 class GreedyDFlash(FakeDFlash):
     """DFlash verifying against `target_next` for real: the draft's per-position logits (the head is
     the identity, so a draft position's hidden state is its logits) put the target's token at
@@ -204,14 +229,7 @@ class GreedyDFlash(FakeDFlash):
             for _ in range(L + 1):                     # the target's greedy continuation of seq
                 want.append(target_next(tuple(ctx), V))
                 ctx.append(want[-1])
-            logits = torch.randn(L, V, generator=self.rng) * 0.3
-            for d in range(L):
-                others = [t for t in torch.randperm(V, generator=self.rng).tolist() if t != want[d]][:2]
-                where = int(torch.randint(0, 10, (1,), generator=self.rng))
-                ranked = ([want[d]] + others if where < 6 else [others[0], want[d], others[1]] if where < 9
-                          else others + [want[d]])
-                for bonus_logit, t in zip((4.0, 3.5, 3.0), ranked):
-                    logits[d, t] += bonus_logit
+            logits = draft_logits(want, L, V, self.rng)
             hidden[b, 1:] = logits
             chain = torch.argmax(logits, dim=-1).tolist()
             a = 0
@@ -234,13 +252,7 @@ class GreedyDFlash(FakeDFlash):
             accepted, _ = walk(tree.children(), post)
             self.truth.append((a + 1, len(accepted)))
             seq.extend(want[:a + 1])                   # what the scheduler will append to output_ids
-        flat = hidden.view(bs * self.block_size, V)
-        if self._draft_sampler is not None and bs <= self.max_bs:
-            self._draft_sampler(flat, None)
-            draft = self._draft_sampler.out[:bs * L].view(bs, L)
-        else:
-            h = flat.view(bs, self.block_size, -1)[:, 1:, :].reshape(-1, V)
-            draft = self._greedy_sample_from_vocab_parallel_head(hidden_states=h, lm_head=self.head).view(bs, -1)
+        draft = self.head_draft(hidden)
         assert draft.tolist() == chains
         roots = [self.seqs[id(r)][-1 - c] for r, c in zip(batch.reqs, commits)]
         self._draft_block_tokens_buf = torch.cat([torch.tensor(roots).view(bs, 1), draft], dim=1)

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import torch
-from dflash_fakes import FakeBatch, FakeDFlash, FakeRequest, VERSIONS, dflash_worker_source, shadow_env, target_next
+from dflash_fakes import (FakeBatch, FakeDFlash, FakeRequest, VERSIONS, dflash_worker_source, draft_logits, shadow_env,
+                          target_next)
 
 from ddtree_ops.engine.sglang_backend import TreeRound, build_tree, spine_tokens, walk
 from ddtree_ops.lab.standin.shadow import ForwardMode  # SGLang's ForwardMode as the plugin asks it
@@ -59,24 +60,8 @@ class TreeTarget(FakeDFlash):
         bs = len(reqs)
         hidden = torch.zeros(bs, self.block_size, V)
         for b, r in enumerate(reqs):
-            want = self.want(self.seqs[id(r)])
-            logits = torch.randn(L, V, generator=self.rng) * 0.3
-            for d in range(L):
-                others = [t for t in torch.randperm(V, generator=self.rng).tolist() if t != want[d]][:2]
-                where = int(torch.randint(0, 10, (1,), generator=self.rng))
-                ranked = ([want[d]] + others if where < 6 else [others[0], want[d], others[1]] if where < 9
-                          else others + [want[d]])
-                for bonus_logit, t in zip((4.0, 3.5, 3.0), ranked):
-                    logits[d, t] += bonus_logit
-            hidden[b, 1:] = logits
-        flat = hidden.view(bs * self.block_size, V)
-        if self._draft_sampler is not None and bs <= self.max_bs:
-            self._draft_sampler(flat, None)
-            draft = self._draft_sampler.out[:bs * L].view(bs, L)
-        else:
-            h = flat.view(bs, self.block_size, -1)[:, 1:, :].reshape(-1, V)
-            draft = self._greedy_sample_from_vocab_parallel_head(hidden_states=h, lm_head=self.head).view(bs, -1)
-        return hidden[:, 1:], draft.tolist()
+            hidden[b, 1:] = draft_logits(self.want(self.seqs[id(r)]), L, V, self.rng)
+        return hidden[:, 1:], self.head_draft(hidden).tolist()
 
     def forward_batch_generation(self, batch: Any, on_publish: Any = None) -> Any:
         """DFlash's own round: the chain, verified against the target."""

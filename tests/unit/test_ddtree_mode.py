@@ -4,7 +4,6 @@ check that a tree verify backend is declared on the host."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,23 +13,9 @@ from ddtree_ops.errors import ProfileError
 from ddtree_ops.preflight import FAIL, OK, Preflight, check_parallel, check_sglang
 from ddtree_ops.profile import DDTreeMode, load_profile
 from ddtree_ops.render import launch_argv, mode_env, render
+from test_profile import _edit, profiles  # noqa: F401  (profiles: a copy of the shipped profiles, a fixture)
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def profiles(tmp_path: Path) -> Path:
-    d = tmp_path / "profiles"
-    shutil.copytree(REPO / "profiles", d)
-    return d
-
-
-def _edit(path: Path, old: str, new: str) -> int:
-    text = path.read_text()
-    assert old in text, old
-    line = text[: text.index(old)].count("\n") + 1
-    path.write_text(text.replace(old, new, 1))
-    return line
 
 
 def test_the_served_tree_is_the_shadows_unless_told_otherwise() -> None:
