@@ -358,3 +358,17 @@ def test_worker_factory_picks_the_mode(monkeypatch: pytest.MonkeyPatch, mode: st
     monkeypatch.setitem(sys.modules, "ddtree_ops.engine.sglang_worker", types.SimpleNamespace(
         DDTreeShadowWorker=type("DDTreeShadowWorker", (), {}), DDTreeTreeWorker=type("DDTreeTreeWorker", (), {})))
     assert sglang_plugin.worker_factory(None).__name__ == worker
+
+
+def test_a_spine_cut_short_gives_no_chain_figure() -> None:
+    """A budget below the horizon cuts the spine (the validator refuses it; never guessed if it came):
+    where the chain's walk reaches the cut, what the chain would have accepted past it is unknown."""
+    tok = [[5, 6], [7, 8], [9, 10], [11, 12]]
+    sc = [[-1, -5], [-1, -5], [-1, -5], [-1, -5]]
+    tree = build_tree(tok, sc, budget=2, root_token=1)
+    assert len(tree.spine) == 3 and tree.horizon == 4
+    along = [0] * tree.size
+    along[tree.spine[0]], along[tree.spine[1]], along[tree.spine[2]] = 5, 7, 99
+    assert spine_tokens(tree, along) is None                     # accepted to the cut: unknown beyond
+    along[tree.spine[1]] = 42                                    # missed before the cut: known
+    assert spine_tokens(tree, along) == 2
