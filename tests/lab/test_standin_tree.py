@@ -88,6 +88,7 @@ def test_the_lab_classes_measure_their_r_and_reach_opposite_verdicts(backend: No
         assert v.r_source == FROM_MEASURED and v.exact_rounds >= 600
     assert a.r > 1.3 and 1.08 < p.r < 1.2
     assert a.tau_tree / a.tau_chain == pytest.approx(p.tau_tree / p.tau_chain, rel=0.08)   # the same tree, the same world
+    assert 1.2 < p.tau_tree / p.tau_chain < 1.4
     assert a.recommendation in (KEEP_CHAIN, INCONCLUSIVE) and a.lower < BAR
     assert p.recommendation == PROMOTE and p.lower >= BAR
 
