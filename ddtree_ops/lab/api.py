@@ -304,8 +304,16 @@ LOAD_UNIT = "ddtree-lab-load.service"
 class LoadPlan:
     seconds: float = 60.0
     clients: int = 2
-    batch: int = 4            # prompts a request: the lab profiles' max_running_requests
+    batch: int = 2            # prompts a request (one batch): half the profiles' max_running_requests, 2 in flight
     max_new_tokens: int = 256
+
+
+def load_argv(port: int, plan: LoadPlan, python: str = "/usr/bin/python3") -> list[str]:
+    """The load's command in the host, with PYTHONPATH at the lab's copy of the stand-in package. As a
+    module: run as a file, its directory would come first on sys.path, and the stand-in's own
+    `http.py` would shadow the standard library's `http` that urllib imports."""
+    return [python, "-m", "sglang_standin.load", str(port), f"{plan.seconds:g}", str(plan.clients),
+            str(plan.batch), str(plan.max_new_tokens)]
 
 
 def load(name: str, plan: LoadPlan, paths: Paths | None = None, *, wait: bool = False) -> str:
@@ -318,10 +326,9 @@ def load(name: str, plan: LoadPlan, paths: Paths | None = None, *, wait: bool = 
     _h, init = _host(paths, name)
     port = _profiles([name], paths)[name].service.port
     stop_load(name, paths)
-    argv = ["/usr/bin/python3", f"{payload.LAB_LIB}/sglang_standin/load.py", str(port), f"{plan.seconds:g}",
-            str(plan.clients), str(plan.batch), str(plan.max_new_tokens)]
     res = machine.nsexec(init, ["systemd-run", f"--unit={LOAD_UNIT}", "--description=ddtree-ops lab load",
-                                f"--property=RuntimeMaxSec={int(plan.seconds) + 150}", *argv], timeout=30)
+                                f"--property=RuntimeMaxSec={int(plan.seconds) + 150}",
+                                f"--setenv=PYTHONPATH={payload.LAB_LIB}", *load_argv(port, plan)], timeout=30)
     if res.returncode != 0:
         raise LabError(f"{name}: could not start the load: {res.stderr.strip()}")
     what = (f"{name}: load for {plan.seconds:g} s on port {port} ({plan.clients} clients x {plan.batch} greedy "

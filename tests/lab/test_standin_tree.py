@@ -173,3 +173,48 @@ def test_the_stand_in_serves_the_tree_and_its_lines_are_the_plugins(runs: dict[s
     metas = [d["meta_info"] for d in doc]
     assert all(m["spec_accept_length"] > v.tau_chain for m in metas)
     assert all(m["completion_tokens"] == 192 for m in metas)
+
+
+def test_the_load_sends_greedy_batches_and_counts(tmp_path: Path) -> None:
+    """`lab load`'s script against a local HTTP server: batches of greedy prompts until the time is up,
+    a refused request counted and retried, the count as its last line."""
+    import http.server
+    import json
+    import os
+    import subprocess
+    import sys
+    import threading
+
+    from ddtree_ops.lab import api, payload
+
+    seen: list[Any] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(body)
+            self.send_response(503 if len(seen) == 1 else 200)
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # the command `lab load` runs in a host, against the package as the lab payload lays it out
+    pkg = tmp_path / "lib"
+    payload._copy_package(pkg / "sglang_standin")
+    argv = api.load_argv(server.server_address[1], api.LoadPlan(seconds=1, clients=2, batch=3, max_new_tokens=16),
+                         python=sys.executable)
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                              env={"PATH": os.environ["PATH"], "PYTHONPATH": str(pkg)})
+    finally:
+        server.shutdown()
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.strip().splitlines()[-1]
+    ok = len(seen) - 1
+    assert out.startswith(f"ddtree-lab load: {ok} requests ({3 * ok} prompts) answered, 1 failed, in ")
+    assert all(len(b["text"]) == 3 and b["sampling_params"] == {"temperature": 0, "max_new_tokens": 16} for b in seen)
+    assert len({t for b in seen for t in b["text"]}) == 3 * len(seen)          # every prompt its own

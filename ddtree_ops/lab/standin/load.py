@@ -7,7 +7,10 @@ one batch; the stand-in's plugin rounds are verified BATCH rows at a time), unti
 A refused or failed request is counted and retried after half a second. The last line it prints (to
 the journal) is the count. Standard library only: it runs on the host's system python.
 
-    python3 load.py PORT SECONDS CLIENTS BATCH MAX_NEW_TOKENS
+    PYTHONPATH=/usr/lib/ddtree-lab python3 -m sglang_standin.load PORT SECONDS CLIENTS BATCH MAX_NEW_TOKENS
+
+(as a module: run as a file, its directory comes first on sys.path, and the stand-in's `http.py`
+shadows the standard library's `http`.)
 """
 
 from __future__ import annotations
