@@ -299,6 +299,7 @@ def test_worker_factory_exempts_ddtree_in_the_scheduler_process(monkeypatch: pyt
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_utils", module)
     worker_mod = types.ModuleType("ddtree_ops.engine.sglang_worker")
     worker_mod.DDTreeShadowWorker = object
+    worker_mod.DDTreeTreeWorker = type("DDTreeTreeWorker", (), {})
     monkeypatch.setitem(sys.modules, "ddtree_ops.engine.sglang_worker", worker_mod)
     with caplog.at_level("INFO", logger="ddtree_ops.engine.sglang"):
         sglang_plugin.worker_factory(types.SimpleNamespace(speculative_algorithm="EAGLE"))

@@ -210,7 +210,8 @@ def test_a_share_of_rounds_verifies_the_spine_alone_and_r_is_measured(monkeypatc
     after = parse_metrics(scrape())
     assert after is not None
     win = window(before, after)
-    assert win.verify == published[-1].verify                   # /metrics holds the last report's sums
+    # /metrics holds the last report's sums (other tests' workers in this process left series of their own)
+    assert {k: v for k, v in win.verify.items() if v != (0.0, 0.0)} == published[-1].verify
     tree_s, tree_n = win.verify[("tree", "2")]
     chain_s, chain_n = win.verify[("chain", "2")]
     assert chain_n <= st.chain_rounds and tree_n == win.modes["tree"].rounds / 2
