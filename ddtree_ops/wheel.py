@@ -1,7 +1,8 @@
 """A wheel of the in-tree DDTree engine, for installing the SGLang plugin into a host's venv.
 
 Built in memory from the package's own files (pure Python, no build backend needed): only
-`ddtree_ops/__init__.py` and `ddtree_ops/engine/`, which import nothing else from the tool. It is
+`ddtree_ops/__init__.py`, `ddtree_ops/engine/` and `ddtree_ops/treestats.py` (standard library only),
+which import nothing else from the tool (tests/unit/test_wheel_contents.py holds that). It is
 versioned `<version>+g<digest of those files>`, so the host is checked for exactly the engine
 being deployed and an upgrade of the ops side alone restarts nothing. The entry point is the one
 SGLang's plugin loader looks for (group `sglang.srt.plugins`).
@@ -32,7 +33,8 @@ class Wheel:
 
 def _files() -> list[tuple[str, bytes]]:
     root = Path(__file__).resolve().parent
-    paths = [root / "__init__.py", *sorted((root / "engine").rglob("*"))]
+    # treestats: the verdict the plugin computes inside SGLang and smoke and promote recompute here
+    paths = [root / "__init__.py", root / "treestats.py", *sorted((root / "engine").rglob("*"))]
     return [(f"{DIST}/{p.relative_to(root).as_posix()}", p.read_bytes()) for p in paths
             if p.is_file() and p.suffix in _SUFFIXES and "__pycache__" not in p.parts]
 

@@ -29,7 +29,10 @@ def deploy(lab: Any, host: str, mode: str) -> None:
 
 def scrape(lab: Any, host: str) -> Any:
     with lab.connect(host) as h:
-        return parse_metrics(h.http("GET", PORT, "/metrics", timeout=20).text)
+        text = h.http("GET", PORT, "/metrics", timeout=20).text
+    found = parse_metrics(text)
+    assert found is not None, f"{host}: no ddtree counters on /metrics:\n{text[-1500:]}"
+    return found
 
 
 @pytest.fixture()
