@@ -121,6 +121,7 @@ def from_dict(doc: object) -> Counters | None:
 
 
 _SAMPLE = re.compile(r'^([A-Za-z_:][A-Za-z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)')
+_DECLARED = re.compile(r"^# TYPE ddtree_rounds(?:_total)? counter\s*$")
 _LABEL = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
@@ -130,7 +131,8 @@ def _labels(text: str | None) -> dict[str, str]:
 
 def parse_metrics(text: str) -> Counters | None:
     """The ddtree counters of a /metrics scrape (Prometheus text format); None when it has none
-    (metrics off, no plugin, or an older plugin with gauges only)."""
+    (metrics off, no plugin, or an older plugin with gauges only). A plugin that declares them but has
+    counted nothing yet (no labelled sample before its first report) gives empty Counters."""
     sums: dict[str, dict[str, float]] = {}
     dropped: dict[str, dict[str, float]] = {}
     verify: dict[tuple[str, str], list[float]] = {}
@@ -138,6 +140,9 @@ def parse_metrics(text: str) -> Counters | None:
     silent = None
     seen = False
     for line in text.splitlines():
+        if _DECLARED.match(line):
+            seen = True
+            continue
         m = _SAMPLE.match(line)
         if not m or not m.group(1).startswith("ddtree_"):
             continue

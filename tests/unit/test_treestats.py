@@ -58,6 +58,11 @@ def test_parse_reads_the_counters_by_mode_and_leaves_the_rest() -> None:
 def test_a_scrape_without_ddtree_counters_is_none() -> None:
     assert parse_metrics("") is None
     assert parse_metrics("ddtree_shadow_rounds 12.0\nsglang:num_requests_total 3\n") is None   # gauges only
+    # declared, nothing counted yet (before the plugin's first report): present, and empty
+    fresh = parse_metrics("# HELP ddtree_rounds_total rounds\n# TYPE ddtree_rounds_total counter\n"
+                          'ddtree_cost_ratio{source="engine-bench-h200-qwen3-8b"} 1.06\n')
+    assert fresh is not None and fresh.modes == {} and fresh.cost_ratios == {"engine-bench-h200-qwen3-8b": 1.06}
+    assert verdict(fresh).exact_rounds == 0 and verdict(fresh).recommendation == INCONCLUSIVE
 
 
 def test_window_subtracts_and_a_counter_that_went_down_is_a_restart() -> None:
