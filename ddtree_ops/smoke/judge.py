@@ -182,6 +182,9 @@ def _window(obs: Observation, mode: str) -> tuple[Verdict, str]:
     """The plugin's verdict over this check's own window: its counters now minus those the last check
     of this host kept (the whole life of the server when there is none, or it restarted since)."""
     prev = obs.previous.counters if obs.previous is not None else None
+    if prev is not None and obs.unit is not None and obs.previous is not None and obs.previous.invocation \
+            and obs.unit.invocation and obs.previous.invocation != obs.unit.invocation:
+        prev = None        # another start of the unit since: its counters began at 0 (even if they are higher now)
     assert obs.counters is not None
     win = window(prev, obs.counters)
     since = "since the last check" if prev is not None and not win.restarted else "since the server started"

@@ -121,6 +121,13 @@ def test_the_window_is_the_checks_own(profiles: dict[str, Any], tmp_path: Path) 
     restarted = check(profiles, host(TREE_UNIT, counters_exposition("tree", GAIN[:40], verify={})), store)
     detail = next(c for c in restarted.checks if c.name == "tree").detail
     assert detail.startswith("40 exact rounds since the server started")
+    # another start of the unit whose counters have already passed the last check's: still its own start
+    store.update([restarted], 3000.0)
+    store = smoke.StateStore(tmp_path)
+    again = host(TREE_UNIT, counters_exposition("tree", GAIN + EVEN, verify={}))
+    again.systemctl = again.systemctl.replace("InvocationID=abc", "InvocationID=def")
+    detail = next(c for c in check(profiles, again, store).checks if c.name == "tree").detail
+    assert detail.startswith("800 exact rounds since the server started")
 
 
 @pytest.mark.parametrize("text", [b"", metrics()])
