@@ -79,16 +79,13 @@ def table(doc: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from report import table_only
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", type=Path, help="write the rows here (JSON)")
-    ap.add_argument("--table", type=Path, help="print the table of a file written before, and stop")
     ap.add_argument("--seeds", default=",".join(map(str, SEEDS)))
-    args = ap.parse_args(argv)
-    if args.table:
-        print(table(json.loads(args.table.read_text())))
+    args = table_only(ap, argv, table)
+    if args is None:
         return 0
-    if not args.out:
-        ap.error("--out or --table")
     import torch
 
     rows = [measure(int(s)) for s in args.seeds.split(",")]

@@ -161,6 +161,15 @@ class Tree:
                 kids[p][t] = i
         return kids
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Per node, the drafted tokens from the root's child down to it (the root: none): the
+        context a target sees after the root at that node."""
+        toks, parents = self.tokens.tolist(), self.parents.tolist()
+        out: list[tuple[int, ...]] = [()]
+        for i in range(1, self.size):            # parents come first
+            out.append(out[parents[i]] + (toks[i],))
+        return out
+
     def visibility(self) -> torch.Tensor:
         return ancestor_matrix(self.parents, int(self.depths.max()))
 

@@ -101,14 +101,7 @@ def test_vectorised_matches_heap_on_peaked_large_vocab(seed: int, budget: int, d
 
 def greedy_accepts(tree: Tree, target: "Target") -> int:
     """Tokens a greedy verify of `tree` commits (accepted path incl. the root, as tau counts them)."""
-    toks, parents, post = tree.tokens.tolist(), tree.parents.tolist(), []
-    for node in range(tree.size):
-        path, n = [], node
-        while n > 0:
-            path.append(toks[n])
-            n = parents[n]
-        post.append(target(tuple(path[::-1])))
-    accepted, _bonus = walk(tree.children(), post)
+    accepted, _bonus = walk(tree.children(), [target(path) for path in tree.paths()])
     return len(accepted)
 
 
@@ -184,6 +177,12 @@ def test_chain_is_rank_zero_path_and_same_code_path() -> None:
     assert chain.is_chain() and chain.size == 6
     assert chain.tokens[1:].tolist() == torch.argmax(logits, dim=-1).tolist()
     assert torch.equal(chain.visibility(), torch.tril(torch.ones(6, 6, dtype=torch.bool)))
+
+
+def test_paths_are_the_tokens_from_the_root() -> None:
+    tree = Tree(torch.tensor([9, 4, 5, 6, 7, 8]), torch.tensor([-1, 0, 0, 1, 3, 2]),
+                torch.tensor([0, 1, 1, 2, 3, 2]), torch.zeros(6, dtype=torch.long))
+    assert tree.paths() == [(), (4,), (5,), (4, 6), (4, 6, 7), (5, 8)]
 
 
 def test_visibility_and_positions() -> None:
