@@ -32,8 +32,9 @@ from ddtree_ops import deploy as transaction
 from ddtree_ops import output, releases
 from ddtree_ops.diagnose.classify import Scanner
 from ddtree_ops.errors import OpsError
-from ddtree_ops.fleet_plan import (DEGRADED, DRY_RUN, FAILED, NO_CHANGE, OK, REFUSED, ROLLED_BACK, SERVING_NEW,
-                                   SKIPPED, Rollout, Size, exit_code, parse_batch, parse_budget, plan_waves)
+from ddtree_ops.fleet_plan import (DEGRADED, DRY_RUN, FAILED, HELD, NO_CHANGE, OK, REFUSED, ROLLED_BACK,
+                                   SERVING_NEW, SKIPPED, Rollout, Size, exit_code, parse_batch, parse_budget,
+                                   plan_waves)
 from ddtree_ops.host import Host
 from ddtree_ops.lock import read_lock
 from ddtree_ops.preflight import Preflight, run_preflight
@@ -45,7 +46,7 @@ from ddtree_ops.transaction import STOPPED, Outcome
 
 __all__ = ["Size", "Rollout", "parse_batch", "parse_budget", "plan_waves", "exit_code", "Target", "Checked",
            "HostResult", "FleetOutcome", "Options", "deploy_fleet", "check_one", "across", "summary_lines", "causes",
-           "shorten", "FAILED", "SERVING_NEW", "DRY_RUN", "SKIPPED"]
+           "shorten", "FAILED", "SERVING_NEW", "DRY_RUN", "SKIPPED", "HELD"]
 
 Connect = Callable[[Profile], AbstractContextManager[Host]]
 T = TypeVar("T")
@@ -78,6 +79,7 @@ class Checked:
     change: str = ""  # "install" | "no change"
     preflight: Preflight | None = None
     seconds: float = 0.0
+    held: bool = False  # a promotion's host whose shadow does not justify the tree: reported, not planned
 
 
 @dataclass
@@ -115,11 +117,15 @@ class FleetOutcome:
     finished_at: str = ""
     seconds: float = 0.0
     dry_run: bool = False
+    command: str = "deploy"
 
     @property
     def exit_code(self) -> int:
-        if self.dry_run:  # as a single host's --dry-run: 0 the plan stands, 3 a host would be refused
-            return int(DeployExit.REFUSED) if any(h.result == REFUSED for h in self.hosts) else int(DeployExit.OK)
+        if self.dry_run:  # as a single host's --dry-run: 0 the plan stands, 3 a host would be refused (or,
+            # promoting, every host would be held: nothing would change)
+            nothing = bool(self.hosts) and all(h.result == HELD for h in self.hosts)
+            return int(DeployExit.REFUSED) if nothing or any(h.result == REFUSED for h in self.hosts) \
+                else int(DeployExit.OK)
         return exit_code([h.result for h in self.hosts])
 
     @property
@@ -128,7 +134,7 @@ class FleetOutcome:
 
     def to_json(self) -> dict[str, Any]:
         code = self.exit_code
-        return {"command": "deploy", "mode": self.mode, "targets": self.targets,
+        return {"command": self.command, "mode": self.mode, "targets": self.targets,
                 "result": {0: "ok", 1: "rolled-back", 2: "degraded", 3: "refused"}[code] if not self.dry_run else
                 ("dry-run" if code == 0 else "refused"),
                 "exit_code": code, "stopped": self.stopped,
@@ -137,7 +143,7 @@ class FleetOutcome:
                             "allowed_failures": self.rollout.allowed_failures(len(self.hosts)),
                             "canary_stay_s": self.rollout.canary_stay_s, "skip_refused": self.rollout.skip_refused},
                 "waves": self.waves, "failures": self.failures,
-                "counts": {r: n for r in (OK, NO_CHANGE, ROLLED_BACK, DEGRADED, REFUSED, SKIPPED, DRY_RUN)
+                "counts": {r: n for r in (OK, NO_CHANGE, ROLLED_BACK, DEGRADED, HELD, REFUSED, SKIPPED, DRY_RUN)
                            if (n := sum(h.result == r for h in self.hosts))},
                 "started_at": self.started_at, "finished_at": self.finished_at,
                 "seconds": round(self.seconds, 3), "hosts": [h.to_json() for h in self.hosts]}
@@ -261,6 +267,10 @@ class Options:
     lock_wait_s: float = 0.0
     verbose: bool = False
     jobs: int = 16
+    # another per-host transaction than deploy (promote): how each host is checked read-only, and run
+    check: Callable[[Target, Connect], Checked] | None = None
+    run: Callable[..., Outcome] | None = None
+    verb: str = "Deploy"
 
 
 def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
@@ -270,7 +280,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     by_name = {t.name: t for t in targets}
     modes = sorted({t.mode for t in targets})
     out = FleetOutcome(opts.mode or (modes[0] if len(modes) == 1 else "per-host"), list(requested) or names,
-                       opts.rollout, [], [], started_at=utc(wall), dry_run=opts.dry_run)
+                       opts.rollout, [], [], started_at=utc(wall), dry_run=opts.dry_run, command=opts.verb.lower())
 
     def finish() -> FleetOutcome:
         out.seconds = time.monotonic() - t_start
@@ -285,9 +295,16 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     warm.start()
     output.say(f"preflight of {len(names)} host{'s' if len(names) != 1 else ''} ({out.mode}) ...")
     checked: dict[str, Checked] = {}
-    for name, c, err in across(names, lambda n: check_one(by_name[n], connect), jobs=opts.jobs):
+    check = opts.check or check_one
+    for name, c, err in across(names, lambda n: check(by_name[n], connect), jobs=opts.jobs):
         checked[name] = c if c is not None else Checked(name, False, reason=f"unreachable: {err}")
     refused = [c for c in checked.values() if not c.ok]
+    held = [c for c in refused if c.held]
+    refused = [c for c in refused if not c.held]
+    for c in held:
+        output.say(f"  [yellow]held[/] {c.host}: {output.escape(c.reason)}")
+        out.hosts.append(HostResult(c.host, None, HELD, c.reason, shorten(c.reason), c.current,
+                                    by_name[c.host].release_id, c.known_good, c.seconds))
     for c in refused:
         output.say(f"  [red]refused[/] {c.host}: {output.escape(c.reason)}")
     plannable = [n for n in names if checked[n].ok]
@@ -309,7 +326,8 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
                                           "refused in preflight"))
         return finish()
     if not plannable:
-        out.stopped = "every host was refused; nothing was changed"
+        out.stopped = ("every host was held or refused; nothing was changed" if held else
+                       "every host was refused; nothing was changed")
         return finish()
     _announce(out, checked, by_name)
     if opts.dry_run:
@@ -319,7 +337,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
                                         by_name[n].release_id, c.known_good, c.seconds))
         return finish()
     if not opts.assume_yes:
-        question = (f"Deploy {out.mode} to {len(plannable)} hosts ({len(out.waves[0])} canary, then "
+        question = (f"{opts.verb} {out.mode} to {len(plannable)} hosts ({len(out.waves[0])} canary, then "
                     f"{len(out.waves) - 1} wave(s))?")
         if opts.confirm is None or not opts.confirm(question):
             why = ("refusing to change hosts without confirmation: pass --yes (stdin is not a terminal)"
@@ -389,7 +407,7 @@ def _announce(out: FleetOutcome, checked: Mapping[str, Checked], by_name: Mappin
 
 def _line(r: HostResult) -> str:
     colour = {OK: "green", NO_CHANGE: "green", ROLLED_BACK: "yellow", DEGRADED: "bold red", REFUSED: "red",
-              SKIPPED: "dim"}.get(r.result, "white")
+              SKIPPED: "dim", HELD: "yellow"}.get(r.result, "white")
     return f"[{colour}]{r.result:<11}[/] {r.host:<10} {r.seconds:6.1f}s  {r.release or '-'}  {output.escape(r.cause)}"
 
 
@@ -455,8 +473,12 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
     with output.captured(t.name, echo=opts.verbose) as log:
         try:
             with connect(p) as h:
-                o = transaction.deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,
-                           lock_wait_s=opts.lock_wait_s, stop=lambda: intr.stop, abort=lambda: intr.abort)
+                if opts.run is not None:
+                    o = opts.run(h, p, stop=lambda: intr.stop, abort=lambda: intr.abort)
+                else:
+                    o = transaction.deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,
+                                           lock_wait_s=opts.lock_wait_s, stop=lambda: intr.stop,
+                                           abort=lambda: intr.abort)
             res.outcome = o
             res.result, res.reason = o.result, o.reason
             if o.result == REFUSED and o.reason == STOPPED:

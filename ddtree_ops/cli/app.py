@@ -29,6 +29,7 @@ from ddtree_ops.cli import (  # noqa: E402
     lock,
     preflight,
     profile,
+    promote,
     render,
     rollback,
     schedule,
@@ -40,9 +41,10 @@ from ddtree_ops.status import INTERRUPTED, USAGE  # noqa: E402
 app = typer.Typer(
     name="ddtree-ops",
     help=(
-        "Deploy SGLang speculative-decoding services (NEXTN, DFLASH, DDTree shadow-linear) as "
-        "systemd units, gate them on real readiness, name the root cause when they fail, and "
-        "roll back to the NEXTN known-good release."
+        "Deploy SGLang speculative-decoding services (NEXTN, DFLASH, DDTree shadow-linear and "
+        "tree) as systemd units, gate them on real readiness, name the root cause when they fail, "
+        "roll back to the NEXTN known-good release, and promote the DDTree tree when its shadow "
+        "says it pays."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -84,7 +86,7 @@ def _skip_pydantic_for_unset_flags() -> None:
 
 _skip_pydantic_for_unset_flags()
 
-for _module in (deploy, rollback, diagnose, smoke, render, profile, preflight, history, lock,
+for _module in (deploy, rollback, promote, diagnose, smoke, render, profile, preflight, history, lock,
                 schedule, lab, engine):
     _module.register(app)
 

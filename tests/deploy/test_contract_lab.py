@@ -116,7 +116,8 @@ def test_refusals_leave_every_file_of_the_host_as_it_was(lab: Any, ct200: str) -
     plan = doc["plan"]
     assert plan["changes"] and plan["summary"].startswith(f"{ct200}: would change: deploy ")
     assert plan["adopt"].startswith("baseline-") and plan["rollback_target"]["policy"] == "adopted"
-    assert plan["plugin"] and plan["restart"] and plan["gate"]["stay_healthy_s"] > 0
+    # the plugin line names a version only where the host's SGLang lacks it (an earlier test may have put it there)
+    assert "plugin" in plan and plan["restart"] and plan["gate"]["stay_healthy_s"] > 0
     assert "+ --speculative-algorithm DDTREE" in plan["launch_diff"]
     assert "- --speculative-algorithm NEXTN" in plan["launch_diff"] and plan["diff"]
     assert snapshot(lab, ct200) == before

@@ -32,7 +32,7 @@ MAX_LINES = 1000
 # (The first matching prefix wins; names are relative to ddtree_ops.)
 FLOORS: list[tuple[str, int]] = [
     ("cli", 4), ("__main__", 4),
-    ("fleet", 3), ("fleet_plan", 3), ("deploy", 3), ("service", 3), ("service_nodes", 3),
+    ("fleet", 3), ("fleet_plan", 3), ("deploy", 3), ("promote", 3), ("service", 3), ("service_nodes", 3),
     ("service_preflight", 3), ("transaction", 3), ("lab", 3),
     ("preflight", 2), ("hostsglang", 2), ("gate", 2), ("lock", 2), ("releases", 2), ("plan", 2), ("observe", 2), ("render", 2), ("wheel", 2),
     ("smoke", 2), ("diagnose", 2), ("schedule", 2),

@@ -279,3 +279,58 @@ def test_the_human_output_names_the_outcome_on_stderr_and_keeps_stdout_empty(
     assert (rc, doc) == (2, None)
     assert "DEGRADED ct129 dflash:" in err and "ct129 IS DEGRADED:" in err
     assert "root cause: cuda_lib_load" in err
+
+
+# ------------------------------------------------------------------ a refusal changes nothing
+
+
+@pytest.mark.parametrize("setup, args, why", [
+    (None, ("deploy", HOST, "--json"), "pass --yes"),  # off a terminal: the first contact adopts nothing
+    ("flags", ("deploy", HOST, "--yes", "--json"), "preflight"),
+    ("lock", ("deploy", HOST, "--yes", "--json"), "deploy lock held"),
+    (None, ("deploy", HOST, "--dry-run", "--json"), "dry run"),
+    (None, ("rollback", HOST, "--yes", "--json"), "no release has passed"),
+    ("passed", ("rollback", HOST, "--json"), "pass --yes"),  # a rollback asks as a deploy does
+    ("passed", ("rollback", HOST, "--dry-run", "--json"), "dry run"),
+    ("passed", ("deploy", HOST, "--mode", "nextn", "--json"), "pass --yes"),
+    ("legacy", ("deploy", HOST, "--json"), "pass --yes"),  # older records are migrated only by a change
+])
+def test_every_refusal_leaves_the_hosts_files_byte_identical(cli: Any, host: FakeHost, setup: str | None,
+                                                             args: tuple[str, ...], why: str) -> None:
+    root = "/var/lib/ddtree-ops/sglang"
+    if setup == "flags":
+        host.flags_refused = "launch_server.py: error: unrecognized arguments: --bogus"
+    elif setup == "lock":
+        host.files[f"{root}/lock/info.json"] = json.dumps({"by": "alice@ops1", "pid": 4242, "since": "x",
+                                                          "command": "deploy", "control_host": "ops1"}).encode()
+    elif setup == "passed":
+        assert deploy(cli, "dflash")[0] == 0
+    elif setup == "legacy":  # what ddtree-ops wrote before attempts: a status in meta.json, a known-good marker
+        host.files[f"{root}/releases/baseline-0/meta.json"] = json.dumps(
+            {"release_id": "baseline-0", "mode": "nextn", "status": "good", "created_at": "2026-11-30T00:00:00Z"}
+        ).encode()
+        host.files[f"{root}/known-good"] = b"baseline-0\n"
+    before, starts = dict(host.files), host.starts
+    rc, doc, err = cli(*args)
+    expect = 0 if "--dry-run" in args else 3
+    assert rc == expect and doc["exit_code"] == rc, err[-1500:]
+    assert why in err + json.dumps(doc), err[-1500:]
+    assert host.changed_files(before) == [] and host.starts == starts  # not a byte written, nothing restarted
+
+
+def test_older_records_are_read_as_attempts_and_written_with_the_first_change(
+        cli: Any, host: FakeHost, profile: Profile) -> None:
+    root = "/var/lib/ddtree-ops/sglang"
+    r = render(profile, "nextn")  # what runs is the NEXTN release the older version recorded as good
+    for name, data in (("unit", r.unit_text), ("env", r.env_text), ("meta.json", json.dumps(
+            {"release_id": r.release_id, "mode": "nextn", "status": "good", "created_at": "2026-11-30T00:00:00Z"}))):
+        host.files[f"{root}/releases/{r.release_id}/{name}"] = data.encode()
+    host.files[f"{root}/known-good"] = (r.release_id + "\n").encode()
+    host.files[f"{root}/current"] = (r.release_id + "\n").encode()
+    host.broken = {"dflash"}
+    rc, doc, _ = deploy(cli, "dflash")
+    assert rc == 1 and doc["known_good"] == r.release_id  # the migrated NEXTN release is the rollback target
+    rec = records(host)
+    assert [(a.action, a.release_id, a.outcome, a.migrated) for a in rec["attempts"]][:1] == [
+        ("deploy", r.release_id, "passed", True)]
+    assert host.text(f"{root}/known-good") == r.release_id + "\n"  # the old files stay as they were
