@@ -33,7 +33,8 @@ for a in parser._actions:
     if a.option_strings and a.dest != "help":
         n = a.nargs
         flags.append({"options": list(a.option_strings), "dest": a.dest,
-                      "nargs": n if n is None or isinstance(n, int) else str(n)})
+                      "nargs": n if n is None or isinstance(n, int) else str(n),
+                      "choices": [str(c) for c in a.choices] if a.choices else None})
 print("\x1d" + json.dumps({"sglang": version("sglang"), "flags": flags}))
 '''
 
@@ -398,7 +399,8 @@ def parse_facts(stdout: str) -> HostFacts:
                      for p in raw.get("pythons") or []]
     spec = _json(raw.get("spec"))
     if spec is not None:
-        facts.spec = [FlagSpec(tuple(f["options"]), f["dest"], _nargs(f.get("nargs"))) for f in spec.get("flags", [])]
+        facts.spec = [FlagSpec(tuple(f["options"]), f["dest"], _nargs(f.get("nargs")), tuple(f.get("choices") or ()))
+                      for f in spec.get("flags", [])]
     facts.spec_error = raw.get("spec_error") or ""
     gpu_text = raw.get("gpu") or ""
     facts.gpu = parse_probe(gpu_text) if gpu_text.strip() else GpuSnapshot(

@@ -37,6 +37,7 @@ class FlagSpec:
     options: tuple[str, ...]
     dest: str
     nargs: int | str | None = None
+    choices: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
@@ -334,6 +335,8 @@ def _map_flag(out: Mapped, dest: str, f: Flag) -> None:
         out.values[key] = value
     elif dest == "disable_cuda_graph":
         out.values[("memory", "cuda_graph")] = False
+        out.notes.append(Note(" ".join(f.written), "memory.cuda_graph false: render then writes no "
+                                                   "--cuda-graph-max-bs-decode (no graphs to size)"))
     elif dest == "enable_metrics":
         pass  # render writes it always
     elif dest in _MULTINODE:

@@ -22,7 +22,7 @@ import yaml
 
 from ddtree_ops import memory
 from ddtree_ops.config.inventory import Inventory
-from ddtree_ops.config.layers import merge
+from ddtree_ops.config.layers import leaves, merge
 from ddtree_ops.config.model import MODES, Profile
 from ddtree_ops.config.rules import allowed_backends
 from ddtree_ops.config.source import Loc, Sourced, display_path, read_file
@@ -113,6 +113,9 @@ def get(data: dict[str, Any], loc: Loc) -> Any:
 
 def _origin(layer: Sourced | None, loc: Loc, from_name: str | None) -> str:
     where = layer.origin.get(loc, "") if layer else ""
+    root = layer.origin.get(("__root__",), "") if layer else ""
+    if root and where.startswith(root + "/"):
+        where = where[len(root) + 1:]  # profiles/groups/a6000.yaml:24 -> groups/a6000.yaml:24
     if from_name and where and "defaults.yaml" not in where:
         return f"from {from_name} ({where})"
     return f"{DEFAULT} ({where})" if where else DEFAULT
@@ -153,8 +156,9 @@ def build(opts: Options, facts: HostFacts, policy: Sourced, base: Sourced) -> Re
     _service_section(v, opts, facts, unit, mapped, pol, running)
     target = _target(v, facts)
     drafts = _drafts(opts, facts, target, mapped, policy, pol)
-    mode = _modes(v, target, drafts, mapped, policy, unit, warnings)
+    mode = _modes(v, target, drafts, mapped, policy, unit, warnings, opts.from_name)
     plan, how = _memory_section(v, facts, target, drafts, cards, mapped, pol, running, warnings)
+    _layered(v, policy, base, opts.from_name)
     text = render_yaml(opts, v, base, unit, how)
     return Result(v, text, mode, unit, mapped, warnings, drafts, plan, how)
 
@@ -282,6 +286,24 @@ def _target(v: dict[Loc, Value], facts: HostFacts) -> ModelFiles:
     return model
 
 
+# keys init decides from the host, whatever --from says
+_HOST_KEYS = ("name", "host", "gpu", "gpus", "multinode")
+
+
+def _layered(v: dict[Loc, Value], policy: Sourced, base: Sourced, from_name: str | None) -> None:
+    """The settings --from brings that init did not decide from the host (a mode's budget, the
+    gate, smoke), as a group's settings layer under a host's own."""
+    if not from_name:
+        return
+    dropped = [loc for loc, x in v.items() if x.value is None and loc[0] == "modes"]
+    for loc, value in leaves(policy.data):
+        if policy.origin.get(loc) == base.origin.get(loc) or loc[0] in _HOST_KEYS or loc in v:
+            continue
+        if any(loc[:len(d)] == d for d in dropped) or any(loc[:len(k)] == k for k in v if len(k) < len(loc)):
+            continue
+        v[loc] = Value(value, _origin(policy, loc, from_name))
+
+
 # ------------------------------------------------------------------ drafts and modes
 
 
@@ -381,7 +403,7 @@ def _drafts(opts: Options, facts: HostFacts, target: ModelFiles, mapped: Mapped 
 
 
 def _modes(v: dict[Loc, Value], target: ModelFiles, drafts: list[Draft], mapped: Mapped | None, policy: Sourced,
-           unit: UnitFacts | None, warnings: list[str]) -> str:
+           unit: UnitFacts | None, warnings: list[str], from_name: str | None) -> str:
     assert target.config is not None
     dflash_modes = _dflash_modes(policy)
     mtp = has_mtp(target.config)
@@ -412,7 +434,10 @@ def _modes(v: dict[Loc, Value], target: ModelFiles, drafts: list[Draft], mapped:
             v[("modes", name, "draft_model_path")] = Value(running_draft, RUNNING if name == running_mode else DERIVED,
                                                            "" if name == running_mode else f"the {running_mode} draft")
         elif dflash is not None:
-            v[("modes", name, "draft_model_path")] = Value(dflash.path, dflash.source, _dflash_note(dflash))
+            loc = ("modes", name, "draft_model_path")
+            same = get(policy.data, loc) == dflash.path and dflash.source.startswith("from ")
+            v[loc] = Value(dflash.path, _origin(policy, loc, dflash.source[5:].split(" (")[0]) if same else dflash.source,
+                           _dflash_note(dflash))
             trained = _trained_block(dflash.config or {})
             if trained and trained != get(policy.data, ("modes", name, "block_size")) and \
                     ("modes", name, "block_size") not in v:
@@ -425,8 +450,12 @@ def _modes(v: dict[Loc, Value], target: ModelFiles, drafts: list[Draft], mapped:
         if d.why_not and d.source != GIVEN and d.family:
             warnings.append(f"draft {d.path} ({d.source}) fits no mode: {d.why_not[0]}")
     servable = ["nextn"] * nextn_ok + [n for n in dflash_modes if v.get(("modes", n), Value(0, "")).value is not None]
+    chosen = get(policy.data, ("mode",))
+    where = policy.origin.get(("mode",), "")
     if running_mode:
         mode, why = running_mode, f"{unit.name if unit else 'the unit'} serves {mapped.algorithm if mapped else ''} now"
+    elif chosen in servable and where and "defaults.yaml" not in where:
+        mode, why = str(chosen), ""
     elif nextn_ok:
         mode, why = "nextn", "the checkpoint has MTP layers" if mtp and nextn is None else "a NEXTN draft fits"
     elif "dflash" in servable:
@@ -438,7 +467,8 @@ def _modes(v: dict[Loc, Value], target: ModelFiles, drafts: list[Draft], mapped:
         raise Refusal(["no mode can serve this model: the checkpoint has no MTP layers and no draft fits it"
                        + "".join(f"; {d.path}: {d.why_not[0]}" for d in drafts if d.why_not)
                        + " (give one with --draft PATH)"])
-    v[("mode",)] = Value(mode, DERIVED if not running_mode else RUNNING, why)
+    source = RUNNING if running_mode else DERIVED if why else _origin(policy, ("mode",), from_name)
+    v[("mode",)] = Value(mode, source, why)
     if not nextn_ok:
         v[("known_good_mode",)] = Value(mode, DERIVED, "NEXTN cannot serve here: failed changes roll back to this mode")
     return mode
@@ -696,7 +726,7 @@ def _emit(lines: list[str], written: list[Loc], loc: Loc, x: Value) -> None:
     if isinstance(x.value, dict):
         lines += _wrap(comment, indent)
         lines.append(f"{indent}{loc[-1]}:" + (" {}" if not x.value else ""))
-        lines += [f"{indent}  {k}: {_scalar(str(val))}" for k, val in x.value.items()]
+        lines += [f"{indent}  {k}: {_scalar(str(val))}  # {x.source}" for k, val in x.value.items()]
         return
     if len(loc) == 1 and lines and lines[-1] != "":
         lines.append("")
@@ -724,6 +754,8 @@ def layers(inv: Inventory, host: str, from_name: str | None) -> tuple[Sourced, S
             base = merge(base, layer)
     for layer in inv.entries.get(host, []):
         base = merge(base, layer)
+    root = display_path(inv.directory)
+    base.origin[("__root__",)] = root
     if not from_name:
         return base, base, groups
     if inv.is_group(from_name):
@@ -739,7 +771,9 @@ def layers(inv: Inventory, host: str, from_name: str | None) -> tuple[Sourced, S
     else:
         raise UsageError(f"--from {from_name}: no such group or profile{did_you_mean(from_name, [*inv.groups, *inv.hosts()])} "
                          f"(groups: {', '.join(sorted(inv.groups)) or 'none'})")
-    return base, merge(base, over), groups
+    policy = merge(base, over)
+    policy.origin[("__root__",)] = root
+    return base, policy, groups
 
 
 def _ancestors(inv: Inventory, group: str) -> list[str]:
@@ -789,6 +823,8 @@ def compare_running(unit: UnitFacts, rendered_argv: Sequence[str], rendered_env:
         if old == new:
             continue
         secret = bool(SECRET_NAME.search(name))
+        if secret and old is not None and new is not None:
+            continue  # a credential by reference: its value is not compared, nor shown
 
         def show(x: str | None) -> str:
             return "(not set)" if x is None else f"{name}=<redacted>" if secret else f"{name}={x}"
@@ -796,3 +832,13 @@ def compare_running(unit: UnitFacts, rendered_argv: Sequence[str], rendered_env:
         env_diff.append(f"+ {show(new)}" if old is None else f"- {show(old)}" if new is None
                         else f"~ {show(old)}  ->  {show(new)}")
     return tuple(unit.argv or ()) == tuple(rendered_argv), argv_diff, env_diff
+
+
+def hints(policy: Sourced) -> dict[str, list[str]]:
+    """What the layers under the new file name on the host (a group's model, drafts and
+    interpreter), for the facts script to look at beside what it finds itself."""
+    modes = get(policy.data, ("modes",)) or {}
+    drafts = [str(m["draft_model_path"]) for m in modes.values() if isinstance(m, dict) and m.get("draft_model_path")]
+    model, python = get(policy.data, ("service", "model_path")), get(policy.data, ("service", "python"))
+    return {"models": [str(model)] if model else [], "drafts": list(dict.fromkeys(drafts)),
+            "pythons": [str(python)] if python else []}

@@ -188,10 +188,10 @@ def init(host: str = typer.Argument(..., help="The new host's name (profiles/<ho
     hs = dict(profilegen.get(policy.data, ("host",)) or {})
     hs.update({"transport": "local"} if local else {"ssh_host": ssh_host or hs.get("ssh_host") or host})
     bootstrap = Profile.model_construct(name=host, host=HostSection.model_validate(hs))
-    python_hint = profilegen.get(policy.data, ("service", "python"))
+    hints = profilegen.hints(policy)
     with _common.connect(bootstrap, ssh_config) as h:
-        facts = gather(h, models=[model] if model else [], drafts=list(draft or []),
-                       pythons=[python_hint] if python_hint else [])
+        facts = gather(h, models=[model] if model else hints["models"], drafts=list(draft or []) + hints["drafts"],
+                       pythons=hints["pythons"])
         try:
             result = profilegen.build(opts, facts, policy, base)
         except profilegen.Refusal as exc:
