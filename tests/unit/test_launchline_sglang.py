@@ -211,3 +211,6 @@ def test_value_counts_follow_the_parser(spec: list[FlagSpec], base_argv: list[st
     assert mapped.extra_args == ["--lora-paths", "a", "b", "--random-seed", "-1"]
     assert mapped.values[("service", "port")] == 1234
     assert not launch.positional
+    # a word after a switch is no value of it: SGLang's parser refuses the line, so does the mapping
+    stray = split_launch([*base_argv, "--trust-remote-code", "stray"], spec)
+    assert stray.positional == ("stray",) and to_profile(stray).problems
