@@ -42,11 +42,10 @@ from ddtree_ops.releases import Layout
 from ddtree_ops.render import render
 from ddtree_ops.status import DeployExit
 from ddtree_ops.transaction import STOPPED, Outcome
-from ddtree_ops.wheel import build
 
 __all__ = ["Size", "Rollout", "parse_batch", "parse_budget", "plan_waves", "exit_code", "Target", "Checked",
            "HostResult", "FleetOutcome", "Options", "deploy_fleet", "check_one", "across", "summary_lines", "causes",
-           "last_result", "shorten", "FAILED", "SERVING_NEW", "DRY_RUN", "SKIPPED"]
+           "shorten", "FAILED", "SERVING_NEW", "DRY_RUN", "SKIPPED"]
 
 Connect = Callable[[Profile], AbstractContextManager[Host]]
 T = TypeVar("T")
@@ -60,6 +59,10 @@ class Target:
     profile: Profile
     release_id: str
     gpu_class: str
+    mode: str = ""  # what this host will run: --mode, or its profile's `mode:`
+
+    def __post_init__(self) -> None:
+        self.mode = self.mode or self.profile.desired_mode
 
 
 @dataclass
@@ -141,8 +144,10 @@ class FleetOutcome:
 
 
 def summary_lines(out: FleetOutcome) -> list[str]:
-    """The one table: a line per host."""
-    rows = [("HOST", "WAVE", "RESULT", "TIME", "RELEASE", "CAUSE")]
+    """The one table: a line per host. SERVING is what the host serves now as far as this run knows
+    ("-" when nothing verified does); CAUSE is why a host did not end on the new release, and
+    stays empty for those that did."""
+    rows = [("HOST", "WAVE", "RESULT", "TIME", "SERVING", "CAUSE")]
     for h in out.hosts:
         wave = "-" if h.wave is None else ("canary" if h.wave == 0 else str(h.wave))
         rows.append((h.host, wave, h.result, f"{h.seconds:.1f}s" if h.seconds else "-", h.release or "-",
@@ -173,18 +178,19 @@ def across(names: Sequence[str], fn: Callable[[str], T], *, jobs: int = 16) -> l
         return list(pool.map(one, names))
 
 
-def check_one(t: Target, mode: str, connect: Connect) -> Checked:
+def check_one(t: Target, connect: Connect) -> Checked:
     """Lock, pending record, releases and the whole preflight of one host; changes nothing."""
     t0 = time.monotonic()
-    p = t.profile
+    p, mode = t.profile, t.mode
     rendered = render(p, mode)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
-    plugin = build() if mode == "ddtree-shadow" else None
+    plugin = transaction.plugin_for(mode)
     with connect(p) as h:
         held = read_lock(h, layout)
         state = releases.read_state(h, layout)
         pf = run_preflight(h, p, mode, rendered, layout, plugin.version if plugin else "")
-    c = Checked(t.name, True, current=state.current, known_good=state.known_good, pending=state.pending,
+    kg = state.target(p)
+    c = Checked(t.name, True, current=state.current, known_good=kg.release_id if kg else None, pending=state.pending,
                 preflight=pf, seconds=time.monotonic() - t0)
     same = pf.installed_unit == rendered.unit_text and pf.installed_env == rendered.env_text
     # the diff is the single-host view (`deploy HOST --dry-run`); a fleet's plan says install / no change
@@ -246,7 +252,7 @@ class Interrupts:
 
 @dataclass
 class Options:
-    mode: str
+    mode: str | None  # --mode for every host; None: each host's profile `mode:`
     rollout: Rollout
     dry_run: bool = False
     assume_yes: bool = False
@@ -262,8 +268,9 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     t_start, wall = time.monotonic(), time.time()
     names = [t.name for t in targets]
     by_name = {t.name: t for t in targets}
-    out = FleetOutcome(opts.mode, list(requested) or names, opts.rollout, [], [], started_at=utc(wall),
-                       dry_run=opts.dry_run)
+    modes = sorted({t.mode for t in targets})
+    out = FleetOutcome(opts.mode or (modes[0] if len(modes) == 1 else "per-host"), list(requested) or names,
+                       opts.rollout, [], [], started_at=utc(wall), dry_run=opts.dry_run)
 
     def finish() -> FleetOutcome:
         out.seconds = time.monotonic() - t_start
@@ -276,9 +283,9 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     # catalogue compiles once (about a second), not in every host's thread of the first wave.
     warm = threading.Thread(target=_warm_gate, daemon=True, name="warm-catalogue")
     warm.start()
-    output.say(f"preflight of {len(names)} host{'s' if len(names) != 1 else ''} ({opts.mode}) ...")
+    output.say(f"preflight of {len(names)} host{'s' if len(names) != 1 else ''} ({out.mode}) ...")
     checked: dict[str, Checked] = {}
-    for name, c, err in across(names, lambda n: check_one(by_name[n], opts.mode, connect), jobs=opts.jobs):
+    for name, c, err in across(names, lambda n: check_one(by_name[n], connect), jobs=opts.jobs):
         checked[name] = c if c is not None else Checked(name, False, reason=f"unreachable: {err}")
     refused = [c for c in checked.values() if not c.ok]
     for c in refused:
@@ -312,7 +319,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
                                         by_name[n].release_id, c.known_good, c.seconds))
         return finish()
     if not opts.assume_yes:
-        question = (f"Deploy {opts.mode} to {len(plannable)} hosts ({len(out.waves[0])} canary, then "
+        question = (f"Deploy {out.mode} to {len(plannable)} hosts ({len(out.waves[0])} canary, then "
                     f"{len(out.waves) - 1} wave(s))?")
         if opts.confirm is None or not opts.confirm(question):
             why = ("refusing to change hosts without confirmation: pass --yes (stdin is not a terminal)"
@@ -404,10 +411,38 @@ def _run_wave(wave: Sequence[str], index: int, by_name: Mapping[str, Target], ch
         th = threading.Thread(target=work, name=f"deploy-{name}", daemon=True)
         th.start()
         threads.append(th)
-    for th in threads:
-        while th.is_alive():
-            th.join(0.2)
+    watch_wave(threads, list(wave))
     return [results[n] for n in wave]
+
+
+def watch_wave(threads: Sequence[threading.Thread], hosts: list[str], every_s: float = 10.0) -> None:
+    """Wait for the wave, never silently: on a terminal a live line per host (its phase and the
+    seconds of its deadline), off one a progress line every `every_s`. The main thread only waits,
+    so Ctrl-C and SIGTERM still reach the fleet's handler at once."""
+    def running() -> list[str]:
+        return [h for h, th in zip(hosts, threads) if th.is_alive()]
+
+    def lines() -> list[str]:
+        return [f"  {h:<12} {s}" for h, s in output.statuses(running()).items()]
+
+    if output.err().is_terminal:
+        from rich.live import Live  # rich's live display: only for a fleet on a terminal
+        from rich.text import Text
+
+        with Live(Text(""), console=output.err(), refresh_per_second=4, transient=True) as live:
+            while running():
+                live.update(Text("\n".join(lines())))
+                for th in threads:
+                    th.join(0.05)
+        return
+    last = time.monotonic()
+    while running():
+        for th in threads:
+            th.join(0.2)
+        if running() and time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            output.say("  ... " + "; ".join(f"{h}: {s}" for h, s in output.statuses(running()).items()),
+                       style="dim")
 
 
 def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Options, intr: Interrupts) -> HostResult:
@@ -449,7 +484,7 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
 
 def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
     if o.result in SERVING_NEW:
-        return "no changes" if o.result == NO_CHANGE else f"passed the gate in {o.timings.get('gate', 0):.1f}s"
+        return ""
     if o.result == REFUSED:
         return shorten(o.reason)
     head = rc.get("label") if rc else shorten(o.reason.split(";")[0].removeprefix("gate failed: "))
@@ -460,19 +495,6 @@ def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
 def shorten(text: str, limit: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-_AUDIT = re.compile(r"^(\S+) \S+ (\w[\w-]*) \S+ release=(\S+)(?: mode=\S+)? result=(\S+)")
-
-
-def last_result(audit: Sequence[str]) -> str:
-    """The last deploy/rollback outcome in a host's audit log: `deploy dflash-ab12 passed (2026-...)`."""
-    for line in reversed(audit):
-        m = _AUDIT.match(line)
-        if m:
-            when, action, release, result = m.groups()
-            return f"{action} {release} {result.strip(chr(39))} ({when})"
-    return ""
 
 
 def causes(hosts: Sequence[HostResult]) -> list[tuple[str, list[str], str]]:

@@ -48,9 +48,14 @@ def show(host: str = typer.Argument(..., metavar="HOST|GROUP",
         return _show_group(inv, host, set_ or [], as_json)
     p = inv.profile(host, set_ or [])
     doc = _redacted(p)
+    from ddtree_ops.render import inputs_sha256  # the unit's inputs hash per mode: pydantic is loaded already
+
+    # two hashes, two names: the whole resolved profile, and per mode the keys its unit renders
+    # from (the unit header's inputs_sha256: a gate or smoke setting changes the first, not the unit)
     doc["profile_sha256"] = p.sha256()
+    doc["inputs_sha256"] = {m: inputs_sha256(p, m)[:16] for m in p.configured_modes()}
     if as_json:
-        output.emit_json({"command": "profile show", "host": host, "profile": doc})
+        output.emit_json({"command": "profile show", "exit_code": 0, "host": host, "profile": doc})
     else:
         output.data(yaml.safe_dump(json.loads(json.dumps(doc)), sort_keys=False))
     return 0
@@ -75,7 +80,8 @@ def _show_group(inv: "Inventory", group: str, overrides: list[str], as_json: boo
         for key, v in differ[h].items():
             values.setdefault(key, {}).setdefault(_value(v), []).append(h)
     if as_json:
-        output.emit_json({"command": "profile show", "group": group, "hosts": hosts, "sources": sources,
+        output.emit_json({"command": "profile show", "exit_code": 0, "group": group, "hosts": hosts,
+                          "sources": sources,
                           "shared": shared, "differs": differ,
                           "origin": {h: {k: where(h, k) for k in d} for h, d in differ.items()}})
         return 0
@@ -120,7 +126,8 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
         for problem in exc.problems:
             output.say(f"[red]error[/] {output.escape(problem)}")
         if as_json:
-            output.emit_json({"command": "profile validate", "profiles": {}, "problems": exc.problems})
+            output.emit_json({"command": "profile validate", "exit_code": 64, "profiles": {},
+                              "problems": exc.problems})
         return 64
     names = inv.resolve(hosts) if hosts else inv.hosts()
     results = {}
@@ -134,7 +141,7 @@ def validate(hosts: Optional[list[str]] = typer.Argument(None, help="Hosts or gr
             for problem in exc.problems:
                 output.say(f"[red]error[/] {output.escape(problem)}")
     if as_json:
-        output.emit_json({"command": "profile validate",
+        output.emit_json({"command": "profile validate", "exit_code": 64 if any(results.values()) else 0,
                           "profiles": {k: {"ok": not v, "problems": v} for k, v in results.items()}})
     return 64 if any(results.values()) else 0
 
