@@ -469,7 +469,10 @@ def _modes(v: dict[Loc, Value], target: ModelFiles, drafts: list[Draft], mapped:
                        + " (give one with --draft PATH)"])
     source = RUNNING if running_mode else DERIVED if why else _origin(policy, ("mode",), from_name)
     v[("mode",)] = Value(mode, source, why)
-    if not nextn_ok:
+    if running_mode and running_mode != "nextn":
+        v[("known_good_mode",)] = Value(running_mode, RUNNING, "the running unit is the baseline failed changes "
+                                                               "return to")
+    elif not nextn_ok:
         v[("known_good_mode",)] = Value(mode, DERIVED, "NEXTN cannot serve here: failed changes roll back to this mode")
     return mode
 

@@ -129,8 +129,9 @@ def test_the_first_deploy_adopts_the_running_unit_then_deploys_ddtree_shadow(cap
     assert code == 0 and doc["result"] == "ok", err
     assert "adopted the running sglang.service as known-good baseline" in err
     rec = records(host)
-    assert rec["known_good"] == doc["release_id"].strip() and rec["known_good"].startswith("ddtree-shadow-")
-    assert any(k.startswith("/var/lib/ddtree-ops/sglang/releases/baseline-") for k in host.files)
+    # serving the new release; a failure returns to the adopted unit (the last NEXTN release that passed)
+    assert rec["current"] == doc["release_id"] and rec["current"].startswith("ddtree-shadow-")
+    assert rec["known_good"] and rec["known_good"].startswith("baseline-")
 
 
 def test_a_running_line_with_flags_the_profile_has_no_key_for(capsys: Any, profiles: Path) -> None:
@@ -354,3 +355,12 @@ def test_a_stray_process_is_flagged_and_memory_sized_without_its_share(capsys: A
     assert code == 0, err
     assert "pid 777 python (no unit) holds 20,000 MiB" in " ".join(err.split())
     assert yaml.safe_load(out)["memory"]["context_length"] < 32768
+
+
+def test_a_host_serving_dflash_by_hand_keeps_dflash_as_its_known_good(capsys: Any, profiles: Path) -> None:
+    host = seeded(mode="dflash")
+    code, out, err = init(capsys, host, profiles)
+    assert code == 0, err
+    p = load_profile("ct129", directory=profiles)
+    assert (p.desired_mode, p.known_good_mode) == ("dflash", "dflash")
+    assert list(render(p, "dflash", environ={}).argv) == exec_start(host.text("/etc/systemd/system/sglang.service") or "")
