@@ -139,7 +139,7 @@ def build(opts: Options, facts: HostFacts, policy: Sourced, base: Sourced) -> Re
     for other in facts.units:
         if other is not unit:
             warnings.append(f"{other.name} names SGLang but is {other.active or 'not loaded'}: not read"
-                            + (f"; deploy replaces it (service.unit)" if other.name == get(policy.data, ("service", "unit"))
+                            + ("; deploy replaces it (service.unit)" if other.name == get(policy.data, ("service", "unit"))
                                and unit is None else ""))
 
     def pol(loc: Loc) -> Value | None:
@@ -151,7 +151,7 @@ def build(opts: Options, facts: HostFacts, policy: Sourced, base: Sourced) -> Re
             return None
         return Value(mapped.values[loc], RUNNING)
 
-    _host_section(v, opts, unit)
+    _host_section(v, opts)
     cards = _gpu_section(v, facts, mapped, unit, policy, warnings)
     _service_section(v, opts, facts, unit, mapped, pol, running)
     target = _target(v, facts)
@@ -163,7 +163,7 @@ def build(opts: Options, facts: HostFacts, policy: Sourced, base: Sourced) -> Re
     return Result(v, text, mode, unit, mapped, warnings, drafts, plan, how)
 
 
-def _host_section(v: dict[Loc, Value], opts: Options, unit: UnitFacts | None) -> None:
+def _host_section(v: dict[Loc, Value], opts: Options) -> None:
     if opts.local:
         v[("host", "transport")] = Value("local", GIVEN, "--local: the tool runs on this host")
         return
@@ -417,13 +417,13 @@ def _modes(v: dict[Loc, Value], target: ModelFiles, drafts: list[Draft], mapped:
         if path:
             v[("modes", "nextn", "draft_model_path")] = Value(path, RUNNING)
         nextn_ok = True
-    elif nextn is not None:
+    elif nextn is not None and (not mtp or nextn.source == GIVEN):
         v[("modes", "nextn", "draft_model_path")] = Value(nextn.path, nextn.source, "an EAGLE draft of this model")
         nextn_ok = True
-    else:
+    else:  # the checkpoint's own MTP layers are NEXTN's draft when it has them
         nextn_ok = mtp
         v[("modes", "nextn", "draft_model_path")] = Value(None, DERIVED, (
-            f"the checkpoint has its own MTP layers" if mtp else
+            "the checkpoint has its own MTP layers" if mtp else
             "no MTP layers and no NEXTN draft found: NEXTN cannot serve this model"))
     dflash = next((d for d in drafts if d.family == "dflash" and d.fits), None)
     running_draft = None
@@ -457,7 +457,7 @@ def _modes(v: dict[Loc, Value], target: ModelFiles, drafts: list[Draft], mapped:
     elif chosen in servable and where and "defaults.yaml" not in where:
         mode, why = str(chosen), ""
     elif nextn_ok:
-        mode, why = "nextn", "the checkpoint has MTP layers" if mtp and nextn is None else "a NEXTN draft fits"
+        mode, why = "nextn", "the checkpoint has MTP layers" if mtp else "a NEXTN draft fits"
     elif "dflash" in servable:
         mode, why = "dflash", ("NEXTN cannot serve this model (no MTP layers, no NEXTN draft); DFLASH is SGLang's own "
                                "chain, no plugin")

@@ -364,3 +364,15 @@ def test_a_host_serving_dflash_by_hand_keeps_dflash_as_its_known_good(capsys: An
     p = load_profile("ct129", directory=profiles)
     assert (p.desired_mode, p.known_good_mode) == ("dflash", "dflash")
     assert list(render(p, "dflash", environ={}).argv) == exec_start(host.text("/etc/systemd/system/sglang.service") or "")
+
+
+def test_a_checkpoint_with_mtp_layers_serves_nextn_without_a_draft(capsys: Any, profiles: Path) -> None:
+    host = fresh()
+    cfg = json.loads((FIXTURES / "Qwen3-8B" / "config.json").read_text())
+    host.files["/models/MTP-8B/config.json"] = json.dumps(dict(cfg, num_nextn_predict_layers=1)).encode()
+    code, out, err = init(capsys, host, profiles, "--model", "/models/MTP-8B", "--print")
+    assert code == 0, err
+    doc = yaml.safe_load(out)
+    assert doc["mode"] == "nextn" and doc["modes"]["nextn"]["draft_model_path"] is None
+    assert "the checkpoint has its own MTP layers" in out
+    assert "known_good_mode" not in doc
