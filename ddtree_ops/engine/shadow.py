@@ -344,8 +344,7 @@ class OnlineShadow:
 
     def __init__(self, budget: int, horizon: int, report_every: int = 200,
                  on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None,
-                 cost_source: str = "", alpha: float = 0.05, mode: str = "shadow",
-                 spine: bool | None = None) -> None:
+                 cost_source: str = "", alpha: float = 0.05, mode: str = "shadow", spine: bool | None = None) -> None:
         self.budget, self.horizon, self.report_every = budget, horizon, max(1, report_every)
         self.spine = spine              # the tree a served tree would be: `heap_tree(..., self.spine)`
         self.cost_ratio, self.cost_source = cost_ratio, cost_source
