@@ -247,10 +247,10 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
         g = groups.setdefault(key, {"verdict": key[0], "cause": key[1], "hosts": [], "evidence": evidence,
                                     "evidence_host": name, "remedy": remedy})
         g["hosts"].append(name)
-    order = {"failed": 0, "unreadable": 1, "degraded": 2, "healthy": 3}
+    order = {"failed": 0, "unreadable": 1, "inconclusive": 2, "degraded": 3, "healthy": 4}
     ranked = sorted(groups.values(), key=lambda g: (order.get(g["verdict"], 9), -len(g["hosts"])))
     if as_json:
-        output.emit_json({"command": "diagnose", "causes": ranked, "hosts": per_host})
+        output.emit_json({"command": "diagnose", "exit_code": worst, "causes": ranked, "hosts": per_host})
     else:
         rows = [("VERDICT", "CAUSE", "N", "HOSTS")] + [
             (g["verdict"], g["cause"], str(len(g["hosts"])), compress(g["hosts"])) for g in ranked]

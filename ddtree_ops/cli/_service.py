@@ -136,11 +136,17 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
     first = first_failed(failures)
     combined = [d.combined() if d is not None else None for d in diags]
     verdicts = [c.verdict for c in combined if c is not None]
-    verdict = "failed" if "failed" in verdicts else "degraded" if "degraded" in verdicts else "healthy"
+    # rank 0 serves HTTP and prints the serving lines: its verdict says whether the service serves
+    # (another node's journal has no such lines: its own "inconclusive" is not the service's)
+    head = combined[0].verdict if combined and combined[0] is not None else "inconclusive"
+    verdict = ("failed" if "failed" in verdicts else head if head != "healthy"
+               else "degraded" if "degraded" in verdicts else "healthy")
     if len(verdicts) < len(diags) or "unreadable" in verdicts:  # a node read nothing: no healthy from nothing
         verdict = "failed" if verdict == "failed" else "unreadable"
     if as_json:
-        output.emit_json({"schema_version": 1, "service": name, "verdict": verdict,
+        code = DiagnoseExit.UNREADABLE if verdict == "unreadable" else rpt.exit_code(verdict)
+        output.emit_json({"schema_version": 1, "command": "diagnose", "exit_code": int(code), "service": name,
+                          "verdict": verdict,
                           "first_failed": None if first is None else first.to_json(),
                           "root_cause": None if first is None or first.finding is None else {
                               "label": first.finding.label, "line": first.finding.line,

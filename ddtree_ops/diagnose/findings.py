@@ -49,7 +49,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Report:
-    verdict: str  # healthy | degraded | failed
+    verdict: str  # healthy | degraded | failed | inconclusive (root.verdict_of); a live host may be unreadable
     root_cause: Finding | None
     findings: list[Finding]
     lines: int = 0
@@ -59,6 +59,7 @@ class Report:
     suppressed: dict[str, int] = field(default_factory=dict)  # rule id -> findings not kept
     launch: dict[str, Any] = field(default_factory=dict)  # what the log says about this start (algorithm, weights, stop)
     claimed: dict[str, int] = field(default_factory=dict)  # rule id -> lines it claimed (not in the JSON)
+    serving: tuple[int, str] | None = None  # the last evidence that this start served: (line, what)
 
     @property
     def dummy_weights(self) -> bool:
@@ -72,6 +73,12 @@ class Report:
     @property
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "warning"]
+
+    def not_found(self) -> str:
+        """What an inconclusive verdict read and did not find (issue 31: it says so)."""
+        found = "no failure signature" if not self.warnings else f"{len(self.warnings)} warning(s) and no failure"
+        return (f"{found} in {self.lines} line(s), and no sign that this start served: no ready line, no decode "
+                "batch, no served request")
 
     def to_json(self) -> dict[str, Any]:
         rc = None
@@ -89,7 +96,10 @@ class Report:
             "findings": [f.to_json() for f in self.findings],
             "lines": self.lines,
             "ready_line": self.ready_line,
+            "serving": None if self.serving is None else {"line": self.serving[0], "evidence": self.serving[1]},
         }
+        if self.verdict == "inconclusive":
+            doc["inconclusive"] = self.not_found()
         if self.memory.any():
             doc["memory"] = self.memory.to_json()
         if self.accept.recent:

@@ -21,11 +21,16 @@ if TYPE_CHECKING:
 
 MAX_OTHER = 12  # other findings shown to people (the JSON has all of them)
 
-_VERDICT_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "failed": "bold red"}
+_VERDICT_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "failed": "bold red",
+                  "inconclusive": "bold magenta"}
 _DIRECTION = {"raise": "RAISE", "lower": "LOWER"}
 
 
 def exit_code(verdict: str) -> DiagnoseExit:
+    """DESIGN.md's diagnose codes. `inconclusive` (no failure found and no sign of serving) is 3,
+    the code for "no verdict could be read", as Nagios's 3 is UNKNOWN: never 0 (nothing showed it
+    serves), not 1 (that says "serving, with warnings"), not 2 (nothing failed was found, and a
+    fragment of a healthy log must not roll a service back in a script)."""
     return {"healthy": DiagnoseExit.HEALTHY, "degraded": DiagnoseExit.WARNINGS,
             "failed": DiagnoseExit.FAILURE}.get(verdict, DiagnoseExit.UNREADABLE)
 
@@ -63,13 +68,17 @@ def render(report: Report, *, source: str, console: Console | None = None,
     if root is not None:
         _render_cause(con, root)
     elif last is not None:
-        con.print("\n[bold]serving now[/]; the start before this one failed:")
+        con.print(f"\n[{style}]{report.verdict.upper()}[/]: the previous start failed: {last.label} "
+                  f"({_esc(last.text.strip()[:200])})")
+        _render_serving(con, report, live)
         _render_cause(con, last)
-    elif report.verdict == "healthy":
-        ready = f"ready at line {report.ready_line}" if report.ready_line else "no failure signature"
-        con.print(f"\n{ready}; nothing to fix.")
+    elif report.verdict in ("healthy", "degraded"):
+        _render_serving(con, report, live)
     elif live is not None and live.unreadable:
         con.print(f"\n[bold]could not read[/] {_esc(live.unreadable)}: no verdict from nothing.")
+    if report.verdict == "inconclusive":
+        con.print(f"\n[{style}]not a healthy verdict[/]: {_esc(report.not_found())}. Read more of the log "
+                  "(the whole start), or ask the host: `diagnose HOST` also asks the health endpoint.")
     others = [f for f in report.findings if f is not root and f is not last and f.severity in ("fatal", "warning")]
     benign = [f for f in report.findings if f.severity == "benign"]
     if others:
@@ -97,6 +106,15 @@ def render(report: Report, *, source: str, console: Console | None = None,
         con.print(f"[bold]accept len[/] last reports: {vals}")
     if live is not None:
         _render_live_tail(con, live)
+
+
+def _render_serving(con: Console, report: Report, live: LiveDiagnosis | None) -> None:
+    if report.serving is None:
+        return
+    line, what = report.serving
+    where = f"line {line}: {what}" if line else (live.health[1] if live is not None and live.health else what)
+    fine = "nothing to fix" if report.verdict == "healthy" else "see the warnings"
+    con.print(f"\n[bold]serving[/]   {_esc(where)}; {fine}.")
 
 
 def _render_cause(con: Console, root: Finding) -> None:

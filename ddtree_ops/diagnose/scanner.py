@@ -57,6 +57,18 @@ _RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(|\s+[rb]?f[\"'].{0,
 _INLINE_RAISE = re.compile(r'(", line [0-9]+, in [^ ]{1,200} )raise [A-Za-z_][A-Za-z0-9_.]{0,200}\(')
 _ACCEPT_B = ACCEPT.encode()
 _DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
+# Positive evidence that a server served (besides the ready milestone, the catalogue's server_ready
+# rule): SGLang's batch reports (srt/managers/scheduler_components/metrics_reporter.py: "Decode
+# batch. #running-req" / "Prefill batch. #new-seq" in 0.4, with a comma since: a request is being
+# served) and uvicorn's access line of a generation request or a health check that generated,
+# answered 200. Never screened (every healthy line holds one): looked for from the end of each
+# block with bytes.rfind, only the last one counts.
+_BATCH_B = b" batch"
+_BATCH_RX = re.compile(rb"(Decode|Prefill) batch[.,] #(running-req|new-seq)")
+_OK_B = b'" 200'
+_SERVED_RX = re.compile(rb'"(?:POST|GET) /(?:generate|v1/(?:chat/)?completions|v1/responses|health_generate)'
+                        rb'[^" ]{0,200} HTTP/[0-9.]{1,3}" 200')
+_SERVED_TRIES = 16  # access lines of other paths tried from the end before one regex pass over the block
 
 
 def _to_bytes(line: str | bytes) -> bytes:
@@ -99,9 +111,12 @@ class Scanner:
         self._suppressed: dict[str, int] = {}
         self._first_fatal: Finding | None = None
         self._ready_line: int | None = None
+        self._last_ready: int | None = None  # the last ready milestone (a later start may follow the first)
+        self._served: tuple[int, str] | None = None  # the last decode report or served request: (line, what)
         self._memory = MemoryFacts()
         self._accept = AcceptTracker()
         self._harmless_record = -2  # the line of the last benign record that covers the traceback after it
+        self._tb_head: tuple[int, str] = (0, "")  # the open traceback group and the text of its first line
         self._claimed: dict[str, int] = {}  # rule id -> lines it claimed (info and benign rules too)
         self._json: bool | None = None  # decided on the first non-blank input
         self._partial = b""  # an incomplete last line from feed_bytes
@@ -183,10 +198,23 @@ class Scanner:
             root = self._died_at_end()
             if root is not None:
                 findings = sorted([*findings, root], key=lambda f: (f.line, f.rule_id))
-        verdict = verdict_of(root, findings)
+        serving = self.serving()
+        verdict = verdict_of(root, findings, serving is not None)
         return Report(verdict=verdict, root_cause=root, findings=findings, lines=self._line,
                       ready_line=self._ready_line, memory=self._memory, accept=self._accept.stats(),
-                      suppressed=dict(self._suppressed), launch=self._ctx.to_json(), claimed=dict(self._claimed))
+                      suppressed=dict(self._suppressed), launch=self._ctx.to_json(), claimed=dict(self._claimed),
+                      serving=serving)
+
+    def serving(self) -> tuple[int, str] | None:
+        """The last positive evidence of serving in what was read, as (line, what), when it comes
+        after the last start of the server (a `server_args` line): a ready milestone, a decode
+        report or a served request. None: nothing read shows this start served."""
+        got = [(line, what) for line, what in ((self._last_ready or 0, "ready"), *(self._served and [self._served] or []))
+               if line]
+        if not got:
+            return None
+        line, what = max(got)
+        return (line, what) if line > (self._ctx.launch_line or 0) else None
 
     # ---------------------------------------------------------------- blocks
 
@@ -278,6 +306,10 @@ class Scanner:
         if accept.streak and count(_ACCEPT_B, accept_from, end):
             accept.broken()
         accept.note_recent(buf, start, end)
+        served = _last_served(buf, start, end)
+        if served is not None:
+            i = count(b"\n", start, served[0])
+            self._served = (line_map[i] if line_map is not None and i < len(line_map) else base + i + 1, served[1])
         # what was not looked back at yet: its end may hold a stop that explains the next block
         tail_from = max(self._seen_to, end - LOOKBACK_BYTES)
         self._carry = buf[tail_from:end] if tail_from < end else b""
@@ -362,6 +394,7 @@ class Scanner:
             return
         start = lineno - len(back)
         self._tb.step(journal.TRACEBACK_HEADER, True, start)
+        self._tb_head = (self._tb.group, back[-1].strip())  # the group's first line is its first frame
         for text in reversed(back):
             self._tb.step(text, False, start)
 
@@ -398,6 +431,8 @@ class Scanner:
         if not was_open and _EXC_START.match(text) and (self._buf or self._tail):
             self._adopt_orphan_frames(lineno)
         group, kind = self._tb.step(text, new_record, lineno)
+        if kind == "header" and group != self._tb_head[0]:
+            self._tb_head = (group, text.strip())
         if was_open and group is None:
             self._settle_group()
         if kind in ("frame", "code") or (group is None and _RAISE_CODE.match(text)):
@@ -486,6 +521,7 @@ class Scanner:
         elif rule.id == "server_ready":
             if self._ready_line is None or "ready to roll" in text:
                 self._ready_line = lineno
+            self._last_ready = lineno
         else:
             self._memory = parse_memory(text, self._memory)
 
@@ -624,8 +660,11 @@ class Scanner:
             start = self._tb.starts.get(self._tb.group, 0)
             covered = self._ctx.stop_line is not None or start == self._harmless_record + 1
             severity = "benign" if covered else rule.severity
-            out.append(Finding(label=rule.label, severity=severity, line=start, text=journal.TRACEBACK_HEADER,
-                               evidence=journal.TRACEBACK_HEADER, remedy=rule.remedy, profile_key=None,
+            # the group's first line as the log has it: its header, or its first frame where the
+            # header was lost (an excerpt): the evidence is on the line cited
+            head = self._tb_head[1] if self._tb_head[0] == self._tb.group and self._tb_head[1] else journal.TRACEBACK_HEADER
+            out.append(Finding(label=rule.label, severity=severity, line=start, text=head,
+                               evidence=head[:300], remedy=rule.remedy, profile_key=None,
                                direction=None, rule_id=rule.id, role="backstop", meaning=rule.meaning,
                                group=self._tb.group, frames=tuple(f.short() for f in self._tb.innermost())))
         return out
@@ -636,6 +675,38 @@ class Scanner:
         pending, self._pending = self._pending, []
         for f in pending:
             self._record(f)
+
+
+def _last_served(buf: bytes, start: int, end: int) -> tuple[int, str] | None:
+    """The offset of the last line in buf[start:end] that shows serving (a decode report, a served
+    request), and what it is; None when there is none."""
+    best: tuple[int, str] | None = None
+    i, tries = buf.rfind(_BATCH_B, start, end), 0
+    while i >= 0 and tries < _SERVED_TRIES:
+        ls = buf.rfind(b"\n", start, i) + 1
+        m = _BATCH_RX.match(buf, i - 6) or _BATCH_RX.match(buf, i - 7) if i - 6 >= ls else None
+        if m is not None:
+            best = (ls, m.group(1).decode().lower() + " batch")
+            break
+        i, tries = buf.rfind(_BATCH_B, start, ls), tries + 1
+    if best is None and i >= 0:
+        for m in _BATCH_RX.finditer(buf, start, i + len(_BATCH_B) + 16):
+            best = (buf.rfind(b"\n", start, m.start()) + 1, m.group(1).decode().lower() + " batch")
+    lo = best[0] if best is not None else start
+    i, tries = buf.rfind(_OK_B, lo, end), 0
+    while i >= 0 and tries < _SERVED_TRIES:
+        ls = buf.rfind(b"\n", start, i) + 1
+        if _SERVED_RX.search(buf, ls, i + len(_OK_B)):
+            return (ls, "served request")
+        i, tries = buf.rfind(_OK_B, lo, ls), tries + 1
+    if i >= 0:
+        # many 200s of other paths (metrics scrapes): one pass of the regex over what is left
+        last = None
+        for last in _SERVED_RX.finditer(buf, lo, i + len(_OK_B)):
+            pass
+        if last is not None:
+            return (buf.rfind(b"\n", start, last.start()) + 1, "served request")
+    return best
 
 
 # ------------------------------------------------------------------ entry points
