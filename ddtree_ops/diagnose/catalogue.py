@@ -19,6 +19,7 @@ from typing import Any
 
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.context import RESOLVERS
+from ddtree_ops.diagnose.fingerprint import Component
 from ddtree_ops.diagnose.screen import (CatalogueError, HyperscanScreen, KeywordIndex, Screen, best_literal_set,
                                         build_screen, digit_sensitive, literal_options, plan_screen, trie_regex)
 
@@ -134,6 +135,7 @@ class Catalogue:
     derived: tuple[tuple[str, Variant], ...] = ()  # findings the scanner builds from several lines
     algorithm_checks: tuple[tuple[str, str], ...] = ()  # speculative algorithm -> what to check
     flag_keys: tuple[tuple[str, str], ...] = ()  # SGLang argument (normalised) -> the profile key that renders it
+    components: tuple[Component, ...] = ()  # what an unnamed failure is described by (fingerprint.py)
     screen_kind: str = "auto"  # the keyword screen to build: auto (Hyperscan where installed), python, hyperscan
 
     @property
@@ -276,6 +278,7 @@ def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
     if not isinstance(flags, dict) or not all(isinstance(v, str) for v in flags.values()):
         raise CatalogueError("flag_keys must map an SGLang argument to a profile key")
     _check_tiers(rules)
+    components = _components(doc.get("components") or [])
     # the unit's own start/stop lines are looked back for when shutdown noise follows (no anchor)
     screened = [(r, p) for r in rules if screened_rule(r) for p in r.patterns]
     plan = plan_screen([literal_options(p) for _, p in screened], EXTRA_KEYWORDS)
@@ -292,7 +295,38 @@ def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
         out.append(replace(r, literals=tuple(dict.fromkeys(lits)), sensitive_literals=tuple(dict.fromkeys(sensitive))))
     return Catalogue(rules=tuple(out), version=int(doc.get("version", 1)), anchors=plan.anchors, derived=derived,
                      algorithm_checks=tuple((str(k).upper(), " ".join(v.split())) for k, v in checks.items()),
-                     flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()), screen_kind=screen_kind)
+                     flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()), screen_kind=screen_kind,
+                     components=components)
+
+
+def _components(raw: Any) -> tuple[Component, ...]:
+    if not isinstance(raw, list):
+        raise CatalogueError("components must be a list")
+    out: list[Component] = []
+    for i, c in enumerate(raw):
+        where = f"component {c.get('id', f'#{i}') if isinstance(c, dict) else f'#{i}'!r}"
+        if not isinstance(c, dict) or not c.get("id") or not c.get("name"):
+            raise CatalogueError(f"{where}: needs an id and a name")
+        remedy = c.get("remedy") or {}
+        if not remedy.get("text"):
+            raise CatalogueError(f"{where}: needs a remedy text (the key to try, or where to look)")
+        lists = {k: c.get(k) or [] for k in ("text", "paths", "logger")}
+        for k, v in lists.items():
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise CatalogueError(f"{where}: {k} must be a list of strings")
+        for rx in lists["logger"]:
+            try:
+                re.compile(rx)
+            except re.error as exc:
+                raise CatalogueError(f"{where}: logger pattern {rx!r} does not compile: {exc}") from None
+        if not any(lists.values()):
+            raise CatalogueError(f"{where}: needs text, paths or logger to be found by")
+        out.append(Component(id=str(c["id"]), name=str(c["name"]), text=tuple(lists["text"]),
+                             paths=tuple(lists["paths"]), logger=tuple(lists["logger"]),
+                             remedy=" ".join(str(remedy["text"]).split()), profile_key=remedy.get("profile_key")))
+    if len({c.id for c in out}) != len(out):
+        raise CatalogueError("component ids must be unique")
+    return tuple(out)
 
 
 SIGNATURE_ROLES = ("cause", "wrapper", "downstream")  # a rule that names a failure by its own text

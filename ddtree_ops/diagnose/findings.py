@@ -12,6 +12,7 @@ from typing import Any
 
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.facts import AcceptStats, MemoryFacts
+from ddtree_ops.diagnose.fingerprint import Description
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Finding:
     frames: tuple[str, ...] = ()  # inside a traceback: the innermost frame, ours, the engine's
     signature: str = ""  # for an unnamed crash: a one-line signature to search issue trackers for
     context: str = ""  # the lines of the log that named the cause (server_args, the raising frame)
+    # an unnamed failure (unclassified_crash): its component, exception and fingerprint (fingerprint.py)
+    description: Description | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +45,7 @@ class Finding:
             **({"frames": list(self.frames)} if self.frames else {}),
             **({"signature": self.signature} if self.signature else {}),
             **({"context": self.context} if self.context else {}),
+            **({"fingerprint": self.description.to_json()} if self.description is not None else {}),
         }
 
 
@@ -89,7 +93,8 @@ class Report:
                   "rule_id": f.rule_id, "meaning": f.meaning, **({"hardware": True} if f.hardware else {}),
                   **({"frames": list(f.frames)} if f.frames else {}),
                   **({"signature": f.signature} if f.signature else {}),
-                  **({"context": f.context} if f.context else {})}
+                  **({"context": f.context} if f.context else {}),
+                  **({"fingerprint": f.description.to_json()} if f.description is not None else {})}
         doc: dict[str, Any] = {
             "verdict": self.verdict,
             "root_cause": rc,

@@ -209,6 +209,12 @@ def is_frame(text: str) -> bool:
     return _FRAME.match(text) is not None
 
 
+def frame_of(text: str) -> Frame | None:
+    """The frame a traceback line names (`  File "p.py", line 3, in f`), or None."""
+    m = _FRAME.match(text)
+    return Frame(m.group(1), int(m.group(2)), (m.group(3) or "").strip()) if m else None
+
+
 def is_caret(text: str) -> bool:
     return _CARET.match(text) is not None
 

@@ -126,6 +126,12 @@ def _render_cause(con: Console, root: Finding) -> None:
         con.print(f"          matched: [italic]{_esc(root.evidence[:200])}[/]")
     if root.meaning:
         con.print(f"[bold]meaning[/]   {_esc(root.meaning)}")
+    d = root.description
+    if d is not None:
+        # a failure no rule names, described well enough to act on (fingerprint.py)
+        con.print(f"[bold]component[/] {_esc(d.component.name)} (named by {_esc(d.named_by)})")
+        if d.exception:
+            con.print(f"[bold]exception[/] {_esc(d.exception)}: {_esc(d.message[:240])}")
     if root.context:
         con.print(f"[bold]context[/]   {_esc(root.context)}")
     if root.frames:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import IO
 
 from ddtree_ops.diagnose import ending, journal
@@ -36,6 +37,7 @@ from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, index_for, l
 from ddtree_ops.diagnose.context import DECLINE, RESOLVERS, Clues, LaunchContext, Resolution, note_launch, note_visible
 from ddtree_ops.diagnose.facts import ACCEPT_STREAK, AcceptTracker, MemoryFacts, parse_memory
 from ddtree_ops.diagnose.findings import Finding, Report, crash_signature
+from ddtree_ops.diagnose.fingerprint import describe
 from ddtree_ops.diagnose.root import choose_root, verdict_of
 
 MAX_MATCH_CHARS = 16384  # a hit inside a longer line is matched in a window around the hit
@@ -117,6 +119,7 @@ class Scanner:
         self._accept = AcceptTracker()
         self._harmless_record = -2  # the line of the last benign record that covers the traceback after it
         self._tb_head: tuple[int, str] = (0, "")  # the open traceback group and the text of its first line
+        self._raw = b""  # the line being read, as the log has it
         self._claimed: dict[str, int] = {}  # rule id -> lines it claimed (info and benign rules too)
         self._json: bool | None = None  # decided on the first non-blank input
         self._partial = b""  # an incomplete last line from feed_bytes
@@ -407,6 +410,7 @@ class Scanner:
     # ---------------------------------------------------------------- lines
 
     def _line_full(self, raw: bytes, lineno: int, hit: int | None) -> None:
+        self._raw = raw  # the line as the log has it: an unnamed failure's logger prefix is read from it
         key: bytes | None = None
         if len(raw) > MAX_MATCH_CHARS:
             center = hit if hit is not None else 0
@@ -604,10 +608,18 @@ class Scanner:
             frames = tuple(f.short() for f in inner)
             if rule.role == "backstop" and label == "unclassified_crash":
                 signature = crash_signature(text, self._tb.part)
+        description = None
+        if label == "unclassified_crash" and rule.role in ("backstop", "consequence"):
+            # a failure no rule names: its component, exception and fingerprint (issue 31)
+            description = describe(text, self._tb.part if group is not None else [],
+                                   self._raw.decode("utf-8", "replace"), self.cat.components)
+            if rule.role == "backstop":
+                remedy, profile_key = description.component.remedy, description.component.profile_key
         f = Finding(label=label, severity=severity, line=lineno, text=text[:MAX_TEXT_CHARS],
                     evidence=evidence[:MAX_TEXT_CHARS], remedy=remedy, profile_key=profile_key,
                     direction=direction, rule_id=rule.id, role=rule.role, meaning=meaning,
-                    group=group, hardware=hardware, frames=frames, signature=signature, context=context)
+                    group=group, hardware=hardware, frames=frames, signature=signature, context=context,
+                    description=description)
         if held:
             # generic evidence waits for the end of its traceback, where a specific cause may follow
             self._pending.append(f)
@@ -650,7 +662,11 @@ class Scanner:
         if any(f.line == cite and f.severity == "benign" for f in self._findings):
             return None  # a line the catalogue knows as harmless (a rejected request's ValueError)
         text = journal.clean_line(texts[hit[0]])[0].strip()
-        return self._derived("process_died_at_end", {}, cite, text, text[:300], "backstop")
+        died = self._derived("process_died_at_end", {}, cite, text, text[:300], "backstop")
+        frames = [fr for t in texts[hit[1]:hit[0] + 1] if (fr := journal.frame_of(journal.clean_line(t)[0])) is not None]
+        what = describe(text, frames, texts[hit[0]], self.cat.components)
+        return replace(died, remedy=what.component.remedy, profile_key=what.component.profile_key, description=what,
+                       frames=tuple(f.short() for f in frames[-1:]))
 
     def _pending_settled(self) -> list[Finding]:
         """Findings of a traceback still open at report time (the input ended inside it)."""
@@ -663,10 +679,12 @@ class Scanner:
             # the group's first line as the log has it: its header, or its first frame where the
             # header was lost (an excerpt): the evidence is on the line cited
             head = self._tb_head[1] if self._tb_head[0] == self._tb.group and self._tb_head[1] else journal.TRACEBACK_HEADER
+            what = describe(head, self._tb.part, head, self.cat.components)
             out.append(Finding(label=rule.label, severity=severity, line=start, text=head,
-                               evidence=head[:300], remedy=rule.remedy, profile_key=None,
-                               direction=None, rule_id=rule.id, role="backstop", meaning=rule.meaning,
-                               group=self._tb.group, frames=tuple(f.short() for f in self._tb.innermost())))
+                               evidence=head[:300], remedy=what.component.remedy,
+                               profile_key=what.component.profile_key, direction=None, rule_id=rule.id,
+                               role="backstop", meaning=rule.meaning, group=self._tb.group,
+                               frames=tuple(f.short() for f in self._tb.innermost()), description=what))
         return out
 
     def _settle_group(self) -> None:
