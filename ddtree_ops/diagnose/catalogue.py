@@ -136,6 +136,8 @@ class Catalogue:
     algorithm_checks: tuple[tuple[str, str], ...] = ()  # speculative algorithm -> what to check
     flag_keys: tuple[tuple[str, str], ...] = ()  # SGLang argument (normalised) -> the profile key that renders it
     components: tuple[Component, ...] = ()  # what an unnamed failure is described by (fingerprint.py)
+    build_summary: tuple[str, ...] = ()  # a build tool's report of a child's exit status (a wrapper)
+    build_cause: tuple[str, ...] = ()  # the compiler's, linker's or shell's own error line above it
     screen_kind: str = "auto"  # the keyword screen to build: auto (Hyperscan where installed), python, hyperscan
 
     @property
@@ -279,6 +281,16 @@ def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
         raise CatalogueError("flag_keys must map an SGLang argument to a profile key")
     _check_tiers(rules)
     components = _components(doc.get("components") or [])
+    build = doc.get("build_lines") or {}
+    for part in ("summary", "cause"):
+        pats = build.get(part) or []
+        if not isinstance(pats, list) or not all(isinstance(x, str) for x in pats):
+            raise CatalogueError(f"build_lines.{part} must be a list of patterns")
+        for x in pats:
+            try:
+                re.compile(x)
+            except re.error as exc:
+                raise CatalogueError(f"build_lines.{part}: pattern {x!r} does not compile: {exc}") from None
     # the unit's own start/stop lines are looked back for when shutdown noise follows (no anchor)
     screened = [(r, p) for r in rules if screened_rule(r) for p in r.patterns]
     plan = plan_screen([literal_options(p) for _, p in screened], EXTRA_KEYWORDS)
@@ -296,7 +308,8 @@ def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
     return Catalogue(rules=tuple(out), version=int(doc.get("version", 1)), anchors=plan.anchors, derived=derived,
                      algorithm_checks=tuple((str(k).upper(), " ".join(v.split())) for k, v in checks.items()),
                      flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()), screen_kind=screen_kind,
-                     components=components)
+                     components=components, build_summary=tuple(build.get("summary") or ()),
+                     build_cause=tuple(build.get("cause") or ()))
 
 
 def _components(raw: Any) -> tuple[Component, ...]:
@@ -393,6 +406,14 @@ def lookback_rx(cat: Catalogue) -> re.Pattern[bytes] | None:
 def screen_for(cat: Catalogue) -> Screen | HyperscanScreen:
     kws = [lit for r in cat.rules if screened_rule(r) for lit in r.literals]
     return build_screen([*kws, *EXTRA_KEYWORDS], cat.anchors, needles=(ACCEPT_NEEDLE,), kind=cat.screen_kind)
+
+
+@lru_cache(maxsize=4)
+def build_rx(cat: Catalogue) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
+    """The build tool's summary lines and the error lines that outrank them (catalogue build_lines)."""
+    def one(pats: tuple[str, ...]) -> re.Pattern[str] | None:
+        return re.compile("|".join(f"(?:{p})" for p in pats)) if pats else None
+    return one(cat.build_summary), one(cat.build_cause)
 
 
 @lru_cache(maxsize=4)

@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import IO
 
 from ddtree_ops.diagnose import ending, journal
-from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, index_for, load_catalogue, lookback_rx,
+from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, build_rx, index_for, load_catalogue, lookback_rx,
                                            screen_for)
 from ddtree_ops.diagnose.context import DECLINE, RESOLVERS, Clues, LaunchContext, Resolution, note_launch, note_visible
 from ddtree_ops.diagnose.facts import ACCEPT_STREAK, AcceptTracker, MemoryFacts, parse_memory
@@ -48,6 +48,7 @@ LOOKBACK_BYTES = 1 << 16  # how far back a stop or start of the unit is looked f
 ORPHAN_BYTES = 1 << 15  # how far back the frames of a traceback without its header are read
 ORPHAN_LINES = 400
 SPEC_LOOKBACK_BYTES = 2048  # "right before": a native abort this close to a speculative setting
+BUILD_LINES, BUILD_BYTES = 40, 8192  # how far above a build tool's exit status its error line is looked for
 _SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|DDTREE|draft model|draft_model")
 # a line that can end a traceback: what the frames before it were raising
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
@@ -99,6 +100,7 @@ class Scanner:
         self.screen = screen_for(self.cat)
         self._index = index_for(self.cat)
         self._lookback_rx = lookback_rx(self.cat)  # looked up once: hashing a catalogue is not free
+        self._summary_rx, self._build_error_rx = build_rx(self.cat)
         self._rules = self.cat.rules
         # an exception no rule names is kept as the catalogue's generic backstop's evidence
         self._backstop = next((r for r in self.cat.rules if r.role == "backstop"), None)
@@ -366,6 +368,35 @@ class Scanner:
                   else self._buf[cur - SPEC_LOOKBACK_BYTES:cur])
         return _SPEC_SETTING_RX.search(recent[-SPEC_LOOKBACK_BYTES:]) is not None
 
+    def _build_error_above(self) -> tuple[int, str] | None:
+        """The nearest line above the current one (up to BUILD_LINES lines and BUILD_BYTES, the
+        previous blocks' tail included, so a poll boundary changes nothing) that is a compiler's,
+        linker's or shell's own error line: (its input line, its text)."""
+        rx, summary = self._build_error_rx, self._summary_rx
+        if rx is None or summary is None or not self._buf:
+            return None
+        block_start = self._block[0]
+        lo = max(block_start, self._cur - BUILD_BYTES)
+        seen = 0
+        end = self._cur
+        while end > lo and seen < BUILD_LINES:  # this block's lines above the current one
+            s = self._buf.rfind(b"\n", lo, end - 1) + 1
+            if s <= lo and lo > block_start:
+                return None  # the window's first line may be cut
+            text = journal.clean_line(self._buf[s:end].decode("utf-8", "replace"))[0]
+            if rx.search(text) and not summary.search(text):
+                return self._lineno_at(s), text.strip()
+            end, seen = s, seen + 1
+        if lo > block_start or not self._tail:
+            return None
+        tail = self._tail[-BUILD_BYTES:].split(b"\n")[:-1]  # the previous blocks' last lines
+        numbers = self._end_lines
+        for k in range(1, min(len(tail), len(numbers), BUILD_LINES - seen) + 1):
+            text = journal.clean_line(tail[-k].decode("utf-8", "replace"))[0]
+            if rx.search(text) and not summary.search(text):
+                return numbers[-k], text.strip()
+        return None
+
     def _adopt_orphan_frames(self, lineno: int) -> None:
         """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
         to a rate limit): the frames before it are read back, so where it was raised is known."""
@@ -595,6 +626,13 @@ class Scanner:
             severity = "benign"
             meaning = (f"Part of the harmless record at line {self._harmless_record} (its logger attached the "
                        f"traceback), not a crash. " + meaning).strip()
+        if (rule.role in ("cause", "wrapper", "downstream") and self._summary_rx is not None
+                and self._summary_rx.search(text) and self._per_rule.get(rule.id, 0) < MAX_PER_RULE):
+            # a build tool's exit status over the compiler's or shell's own error line: that line wins
+            above = self._build_error_above()
+            if above is not None:
+                context = "; ".join(x for x in (context, f"the build tool's line {lineno}: {text.strip()[:200]}") if x)
+                lineno, text, evidence = above[0], above[1], above[1][:300]
         held = group is not None and self._tb.open and rule.role in _HELD_ROLES
         if not held and self._per_rule.get(rule.id, 0) >= MAX_PER_RULE:
             # the rule has its examples: count this one without building it

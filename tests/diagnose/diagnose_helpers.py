@@ -102,7 +102,17 @@ def index_evidence() -> dict[str, str]:
 
 
 def raw_lines(path: Path) -> list[bytes]:
-    return path.read_bytes().split(b"\n")[:-1] if path.read_bytes().endswith(b"\n") else path.read_bytes().split(b"\n")
+    """The log's lines. A made-up fixture's header (its leading `# ` lines: what it was built from and
+    what it expects) is blanked, not dropped: line numbers stay the file's, and no header line (an
+    `# evidence:` that quotes the cause) can be what a rule claims."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n")
+    if path.name.startswith("synthetic-"):
+        n = 0
+        while n < len(lines) and lines[n].startswith(b"# "):
+            n += 1
+        lines = [b""] * n + lines[n:]
+    return lines
 
 
 def as_journald(lines: list[bytes], unit: str = "sglang-ddtree", pid: int = 41231) -> list[bytes]:
