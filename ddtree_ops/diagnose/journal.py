@@ -77,7 +77,7 @@ _RECORD = re.compile(
     re.X,
 )
 # Other starts of a new record that are kept in the text (uvicorn "INFO:     ...", logging "ERROR:root:").
-_RECORD_KEEP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):(?: |[a-z])")
+RECORD_KEEP = _RECORD_KEEP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):(?: |[a-z])")
 
 _MAX_STRIPS = 8
 _RAY_REPEAT = re.compile(r"\ ?\[repeated [0-9]{1,9}x across cluster\]\s*$")
@@ -283,6 +283,12 @@ class TracebackTracker:
                         out.append(f)
                     break
         return out
+
+    def note_lines(self, n: int, after_frame: bool) -> None:
+        """`n` lines of frames, source lines and blanks read elsewhere (a replayed template's
+        body; its frames are appended by the caller): what `step` would have counted."""
+        self._lines += n
+        self._after_frame = after_frame
 
     def step(self, text: str, new_record: bool, line: int) -> tuple[int | None, str]:
         """Feed one cleaned line; returns (group id or None, kind).

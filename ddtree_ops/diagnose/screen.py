@@ -146,6 +146,41 @@ def required_literal_sets(pattern: str) -> list[list[str]]:
     return sets
 
 
+def necessary_literals(pattern: str) -> list[tuple[str, ...]]:
+    """Sets of literals (any-of) of which every match of `pattern` holds one: runs of literal
+    characters, and for an alternation whose every branch holds a literal, the set of one per
+    branch. Looser than `required_literal_sets` (it reaches into groups with optional parts); used
+    to skip a pattern's search when a line holds none of a set."""
+
+    def sets(seq: Any) -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = []
+        run = ""
+        for op, av in seq:
+            if op is _c.LITERAL:
+                run += chr(av)
+                continue
+            if run:
+                out.append((run,))
+                run = ""
+            if op is _c.SUBPATTERN:
+                out += sets(av[-1])
+            elif op is _c.BRANCH:
+                alts = [best(alt) for alt in av[1]]
+                if all(alts):
+                    out.append(tuple(dict.fromkeys(x for a in alts for x in a)))  # type: ignore[union-attr]
+            elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT) and av[0] >= 1:
+                out += sets(av[2])
+        if run:
+            out.append((run,))
+        return out
+
+    def best(seq: Any) -> tuple[str, ...] | None:
+        got = sets(seq)
+        return max(got, key=lambda t: min(len(x) for x in t)) if got else None
+
+    return sets(_sre_parse.parse(pattern))
+
+
 _DIGIT_RUN = re.compile(r"[0-9]+")
 
 
