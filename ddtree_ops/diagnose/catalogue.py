@@ -20,8 +20,9 @@ from typing import Any
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.context import RESOLVERS
 from ddtree_ops.diagnose.fingerprint import Component
-from ddtree_ops.diagnose.screen import (CatalogueError, HyperscanScreen, KeywordIndex, Screen, best_literal_set,
-                                        build_screen, digit_sensitive, literal_options, plan_screen, trie_regex)
+from ddtree_ops.diagnose.screen import (CatalogueError, HyperscanKeywordIndex, HyperscanScreen, KeywordIndex, Screen,
+                                        best_literal_set, build_screen, digit_sensitive, keyword_index, literal_options,
+                                        plan_screen, trie_regex)
 
 LABELS = (
     "healthy", "benign_warning", "kv_pool_too_small", "cuda_oom", "host_oom", "cuda_lib_load",
@@ -378,12 +379,66 @@ def _derived(raw: Any, rule_ids: set[str]) -> tuple[tuple[str, Variant], ...]:
 
 @lru_cache(maxsize=4)
 def load_catalogue(path: str | None = None) -> Catalogue:
-    """The shipped catalogue (or one at `path`, for experiments); parsed once per process."""
+    """The shipped catalogue (or one at `path`, for experiments); parsed once per process, and kept
+    parsed on disk under the hash of its text and of the code that parses it (diagnose.cache)."""
     if path is None:
         text = resources.files("ddtree_ops.diagnose").joinpath("catalogue.yaml").read_text("utf-8")
     else:
         text = Path(path).read_text("utf-8")
-    return parse_catalogue(text)
+    return cached_catalogue(text)
+
+
+# the modules whose code shapes a parsed catalogue: a change to any of them is a new cache entry
+_PARSERS = ("catalogue", "screen", "context", "fingerprint", "journal")
+
+
+def cached_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
+    """`parse_catalogue(text)`, read from the disk cache when this text was parsed by this code before."""
+    import json  # only when a catalogue is loaded
+
+    from ddtree_ops.diagnose import cache  # stdlib only: the disk cache of parsed catalogues
+
+    here = Path(__file__).resolve().parent
+    try:
+        code = b"".join((here / f"{m}.py").read_bytes() for m in _PARSERS)
+    except OSError:
+        code = b""
+    name = f"catalogue-{cache.key(text, code, screen_kind)}.json"
+    raw = cache.read(name) if code else None
+    if raw is not None:
+        try:
+            return _decode(json.loads(raw.decode("utf-8")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # not a catalogue this code wrote: parsed again below, and rewritten
+    cat = parse_catalogue(text, screen_kind=screen_kind)
+    if code:
+        cache.write(name, json.dumps(_encode(cat), separators=(",", ":")).encode("utf-8"))
+    return cat
+
+
+_TYPES = {"Rule": Rule, "Variant": Variant, "Catalogue": Catalogue, "Component": Component}
+
+
+def _encode(obj: Any) -> Any:
+    """A catalogue as JSON data: dataclasses tagged by type, frozensets marked (lists are tuples)."""
+    if type(obj).__name__ in _TYPES and hasattr(obj, "__dataclass_fields__"):
+        return {"__t": type(obj).__name__, **{k: _encode(getattr(obj, k)) for k in obj.__dataclass_fields__}}
+    if isinstance(obj, frozenset):
+        return {"__fs": sorted(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [_encode(x) for x in obj]
+    return obj
+
+
+def _decode(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        if "__fs" in doc:
+            return frozenset(doc["__fs"])
+        cls = _TYPES[doc["__t"]]
+        return cls(**{k: _decode(v) for k, v in doc.items() if k != "__t"})
+    if isinstance(doc, list):
+        return tuple(_decode(x) for x in doc)
+    return doc
 
 
 def screened_rule(rule: Rule) -> bool:
@@ -417,5 +472,5 @@ def build_rx(cat: Catalogue) -> tuple[re.Pattern[str] | None, re.Pattern[str] | 
 
 
 @lru_cache(maxsize=4)
-def index_for(cat: Catalogue) -> KeywordIndex:
-    return KeywordIndex([r.literals for r in cat.rules])
+def index_for(cat: Catalogue) -> KeywordIndex | HyperscanKeywordIndex:
+    return keyword_index([r.literals for r in cat.rules], cat.screen_kind)

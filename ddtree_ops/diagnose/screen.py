@@ -434,6 +434,30 @@ class Screen:
         return out
 
 
+def literal_database(words: list[bytes]) -> Any:
+    """A Hyperscan block-mode database of literal words (ids: their positions), from the disk cache
+    (diagnose.cache) when these words were compiled before by this hyperscan; compiled and stored
+    otherwise."""
+    import hyperscan  # compiled extension: only where a screen or an index is built
+
+    from ddtree_ops.diagnose import cache  # stdlib only: compiled databases kept on disk
+
+    name = f"literals-{cache.key(*words, getattr(hyperscan, '__version__', ''))}.hs"
+    stored = cache.read(name)
+    if stored is not None:
+        try:
+            db = hyperscan.loadb(stored, hyperscan.HS_MODE_BLOCK)
+            db.scratch = hyperscan.Scratch(db)  # a loaded database comes without one
+            return db
+        except Exception:  # noqa: BLE001 - not a database this hyperscan reads: compiled below
+            pass
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    db.compile(expressions=words, ids=list(range(len(words))), elements=len(words), flags=[0] * len(words),
+               literal=True)
+    cache.write(name, bytes(hyperscan.dumpb(db)))
+    return db
+
+
 class HyperscanScreen:
     """The same screen in one pass of Intel's Hyperscan (the `hyperscan` package, where it is
     installed): every keyword at once, in SIMD C. Hits are exact keyword occurrences (offsets
@@ -445,10 +469,7 @@ class HyperscanScreen:
 
         self.keywords = keywords
         self.needles = tuple(n.encode("utf-8") for n in needles)
-        words = [k.encode("utf-8") for k in (*keywords, *needles)]
-        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._db.compile(expressions=words, ids=list(range(len(words))), elements=len(words),
-                         flags=[0] * len(words), literal=True)
+        self._db = literal_database([k.encode("utf-8") for k in (*keywords, *needles)])
         # a scan runs without the GIL on a scratch space of its own: one per thread (the fleet and
         # service gates read several hosts' journals at once with one catalogue)
         self._local = threading.local()
@@ -524,6 +545,53 @@ def build_python_screen(keywords: Iterable[str], anchors: Iterable[str], needles
 
 
 # ------------------------------------------------------------------ the keyword index
+
+
+class HyperscanKeywordIndex:
+    """The keyword index in one Hyperscan database (where it is installed): the same answers as
+    `KeywordIndex` (the rules whose keywords a line holds), from a database kept on disk instead of a
+    regex of every keyword compiled in each process (the largest part of `diagnose`'s start-up)."""
+
+    def __init__(self, rule_keywords: list[tuple[str, ...]]) -> None:
+        by_kw: dict[str, set[int]] = {}
+        for i, kws in enumerate(rule_keywords):
+            for k in kws:
+                by_kw.setdefault(k, set()).add(i)
+        self._words = sorted(by_kw)
+        self._rules = [tuple(sorted(by_kw[w])) for w in self._words]
+        self._db = literal_database([w.encode("utf-8") for w in self._words]) if self._words else None
+        self._local = threading.local()
+
+    def candidates(self, text: str) -> tuple[int, ...]:
+        db = self._db
+        if db is None:
+            return ()
+        found: list[int] = []
+        add = found.append
+
+        def on_match(wid: int, _from: int, _to: int, _flags: int, _ctx: object) -> None:
+            add(wid)
+
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = db.scratch.clone()
+        db.scan(text.encode("utf-8", "surrogateescape"), match_event_handler=on_match, scratch=scratch)
+        if not found:
+            return ()
+        rules = self._rules
+        if len(found) == 1:
+            return rules[found[0]]
+        got: set[int] = set()
+        for w in found:
+            got.update(rules[w])
+        return tuple(sorted(got))
+
+
+def keyword_index(rule_keywords: list[tuple[str, ...]], kind: str = "auto") -> KeywordIndex | HyperscanKeywordIndex:
+    """The keyword index: Hyperscan's where it is installed (and the screen is), the regex otherwise."""
+    if kind == "hyperscan" or (kind == "auto" and hyperscan_available()):
+        return HyperscanKeywordIndex(rule_keywords)
+    return KeywordIndex(rule_keywords)
 
 
 class KeywordIndex:
