@@ -19,7 +19,6 @@ Pure functions, no I/O:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +141,8 @@ def _int(value: Any) -> int:
 
 def parse_json_entry(line: str) -> JsonEntry | None:
     """One `journalctl -o json` line; None when it is not a journal entry."""
+    import json  # only for `journalctl -o json` input
+
     try:
         entry = json.loads(line)
     except (ValueError, RecursionError):

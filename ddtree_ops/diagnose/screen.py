@@ -65,7 +65,7 @@ def _healthy_sample() -> str:
     return "\n".join(out) + "\n"
 
 
-HEALTHY_SAMPLE = _healthy_sample()
+HEALTHY_SAMPLE = _healthy_sample()  # (cheap: string formatting; the byte frequencies below are computed when needed)
 
 
 def _byte_freq(sample: str) -> dict[str, float]:
@@ -76,7 +76,11 @@ def _byte_freq(sample: str) -> dict[str, float]:
     return {ch: n / total for ch, n in counts.items()}
 
 
-FREQ = _byte_freq(HEALTHY_SAMPLE)
+@lru_cache(maxsize=1)
+def _freq() -> dict[str, float]:
+    """How often each character is in healthy serving lines: only choosing anchors needs it (parsing a
+    catalogue, building the stdlib screen), not a catalogue read back from the disk cache."""
+    return _byte_freq(HEALTHY_SAMPLE)
 _RARE_SPACING = 1000  # a memchr loop hands over to a regex pass when its byte is denser than this
 _SAMPLE = 1 << 16  # the start of a block that decides, per anchor, memchr loop or regex pass
 
@@ -85,12 +89,12 @@ def memchr_cost(ch: str) -> float:
     """Cost of one anchor found with a `bytes.find` loop, in units of one regex pass (measured on
     CPython 3.11, bench/diagnose_scan.py's journals: a one-byte find runs at ~18 GB/s, 1/20 of a
     pass; each occurrence costs ~0.9 us of Python, a find and a match)."""
-    return 0.055 + 900.0 * FREQ.get(ch, 0.0)
+    return 0.055 + 900.0 * _freq().get(ch, 0.0)
 
 
 def regex_cost(ch: str) -> float:
     """A `re` pass whose pattern starts with this literal byte (1.0 = ~1 GB/s here)."""
-    return 1.0 + 100.0 * FREQ.get(ch, 0.0)
+    return 1.0 + 100.0 * _freq().get(ch, 0.0)
 
 
 def anchor_cost(ch: str) -> float:
@@ -341,7 +345,8 @@ def plan_screen(pattern_sets: list[list[tuple[str, ...]]], extra: Iterable[str] 
             anchors &= ~bit[ch]
 
     def selectivity(s: tuple[str, ...]) -> float:
-        return max(100.0 * min(FREQ.get(ch, 0.0) for ch in x) + 1.0 / len(x) for x in s)
+        freq = _freq()
+        return max(100.0 * min(freq.get(ch, 0.0) for ch in x) + 1.0 / len(x) for x in s)
 
     per = tuple(min((s for s in sets if all(mask[w] & anchors for w in s)), key=selectivity)
                 for sets in pattern_sets[:n])

@@ -171,13 +171,13 @@ def test_stray_gpu_process_is_reported(profile: Any) -> None:
     assert any(c.name.startswith("GPU memory held") and "pid 999" in c.detail for c in diag.checks)
 
 
-def test_cli_host_uses_the_ssh_layer(profile: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def _cli(h: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+         *args: str) -> tuple[int, str, str]:
+    """`ddtree-ops diagnose ct129 ARGS` with the SSH layer's connect handing over the fake host."""
     from contextlib import contextmanager
 
     import ddtree_ops.cli._common as common
     from ddtree_ops.cli.app import main
-
-    h = _host(profile, "synthetic-cuda_oom-nested-in-capture.log")
 
     @contextmanager
     def fake_connect(p: Any, ssh_config: Any) -> Any:
@@ -185,9 +185,15 @@ def test_cli_host_uses_the_ssh_layer(profile: Any, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(common, "connect", fake_connect)
     with pytest.raises(SystemExit) as exc:
-        main(["diagnose", "ct129", "--json"])
-    doc = json.loads(capsys.readouterr().out)
-    assert exc.value.code == 2
+        main(["diagnose", "ct129", *args])
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def test_cli_host_uses_the_ssh_layer(profile: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(_host(profile, "synthetic-cuda_oom-nested-in-capture.log"), monkeypatch, capsys, "--json")
+    doc = json.loads(out)
+    assert code == 2
     assert doc["root_cause"]["label"] == "cuda_oom" and doc["unit"]["NRestarts" if False else "restarts"] == 2
     assert doc["schema_version"] == 1 and any(c["name"].startswith("DDTREE") for c in doc["checks"])
 
@@ -374,11 +380,6 @@ def test_a_host_serving_healthy_after_a_failed_start_is_healthy_and_names_that_s
     """Issue 32: after a rolled-back deploy the host serves its known-good release; the failed start
     is the one before. HEALTHY, exit 0, and it says why that start failed (DEGRADED is the deploy
     contract's word for "not serving")."""
-    from contextlib import contextmanager
-
-    import ddtree_ops.cli._common as common
-    from ddtree_ops.cli.app import main
-
     h = _serving_now(profile)
     h.health = 200
     diag = live.diagnose_host(h, profile)
@@ -387,20 +388,12 @@ def test_a_host_serving_healthy_after_a_failed_start_is_healthy_and_names_that_s
     assert diag.previous[-1].report.root_cause.label == "kv_pool_too_small"  # the canned earlier start
     assert ("http", "GET", "/health_generate") not in h.calls  # the journal shows it serves: no probe needed
 
-    @contextmanager
-    def fake_connect(p: Any, ssh_config: Any) -> Any:
-        yield h
-
-    monkeypatch.setattr(common, "connect", fake_connect)
-    with pytest.raises(SystemExit) as exc:
-        main(["diagnose", "ct129", "--json"])
-    doc = json.loads(capsys.readouterr().out)
-    assert (exc.value.code, doc["exit_code"], doc["verdict"], doc["command"]) == (0, 0, "healthy", "diagnose")
+    code, out, _ = _cli(h, monkeypatch, capsys, "--json")
+    doc = json.loads(out)
+    assert (code, doc["exit_code"], doc["verdict"], doc["command"]) == (0, 0, "healthy", "diagnose")
     assert doc["previous_start_failed"]["label"] == "kv_pool_too_small"
-    with pytest.raises(SystemExit) as exc:
-        main(["diagnose", "ct129"])
-    err = capsys.readouterr().err
-    assert exc.value.code == 0 and "HEALTHY: the previous start failed: kv_pool_too_small" in err
+    code, _, err = _cli(h, monkeypatch, capsys)
+    assert code == 0 and "HEALTHY: the previous start failed: kv_pool_too_small" in err
     assert "DEGRADED" not in err and "RAISE memory.mem_fraction_static" in err
 
 
