@@ -29,6 +29,7 @@ from ddtree_ops.cli import (  # noqa: E402
     lock,
     preflight,
     profile,
+    promote,
     render,
     rollback,
     schedule,
@@ -40,9 +41,10 @@ from ddtree_ops.status import INTERRUPTED, USAGE  # noqa: E402
 app = typer.Typer(
     name="ddtree-ops",
     help=(
-        "Deploy SGLang speculative-decoding services (NEXTN, DFLASH, DDTree shadow-linear) as "
-        "systemd units, gate them on real readiness, name the root cause when they fail, and "
-        "roll back to the NEXTN known-good release."
+        "Deploy SGLang speculative-decoding services (NEXTN, DFLASH, DDTree shadow-linear and "
+        "tree) as systemd units, gate them on real readiness, name the root cause when they fail, "
+        "roll back to the NEXTN known-good release, and promote the DDTree tree when its shadow "
+        "says it pays."
     ),
     no_args_is_help=True,
     add_completion=False,
@@ -84,7 +86,7 @@ def _skip_pydantic_for_unset_flags() -> None:
 
 _skip_pydantic_for_unset_flags()
 
-for _module in (deploy, rollback, diagnose, smoke, render, profile, preflight, history, lock,
+for _module in (deploy, rollback, promote, diagnose, smoke, render, profile, preflight, history, lock,
                 schedule, lab, engine):
     _module.register(app)
 
@@ -95,20 +97,23 @@ def main(argv: list[str] | None = None, *, obj: object = None) -> None:
     `obj` reaches every command as its context object: a Host factory (profile -> Host) that the
     commands use instead of SSH (`cli/_common.connector`), as the contract tests inject a fake."""
     command = typer.main.get_command(app)
+    args = argv if argv is not None else sys.argv[1:]
     try:
-        rc = command.main(args=argv if argv is not None else sys.argv[1:],
-                          prog_name="ddtree-ops", standalone_mode=False, obj=obj)
+        rc = command.main(args=args, prog_name="ddtree-ops", standalone_mode=False, obj=obj)
     except UsageError as exc:
         exc.show()
+        _error_document(args, USAGE, exc.format_message())
         sys.exit(USAGE)
     except ClickException as exc:
         exc.show()
+        _error_document(args, USAGE, exc.format_message())
         sys.exit(USAGE)
     except OpsError as exc:
         # messages quote operator input (profile values, --set), which must print as typed, not as markup
         output.fail(output.escape(str(exc)))
         if exc.hint:
             output.say(f"  hint: {output.escape(exc.hint)}")
+        _error_document(args, exc.exit_code, str(exc), exc.hint)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.stderr.write("interrupted\n")
@@ -118,6 +123,17 @@ def main(argv: list[str] | None = None, *, obj: object = None) -> None:
     if os.environ.get("DDTREE_OPS_DEBUG_RC"):
         sys.stderr.write(f"rc={rc}\n")
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def _error_document(args: list[str], code: int, message: str, hint: str | None = None) -> None:
+    """With --json, a command that ends in an error still prints its one document on stdout, so a
+    script reads `command`, `schema_version` and `exit_code` whatever happened (stderr has the words)."""
+    if "--json" not in args:
+        return
+    words = [a for a in args if not a.startswith("-")][:2]
+    name = " ".join(words[:2]) if words[:1] in (["lock"], ["lab"], ["profile"], ["engine"], ["schedule"]) else \
+        (words[0] if words else "")
+    output.emit_json({"command": name, "exit_code": int(code), "error": message, "hint": hint})
 
 
 if __name__ == "__main__":  # `python -m ddtree_ops.cli.app`, like `python -m ddtree_ops`

@@ -77,6 +77,8 @@ class InlineAccountant:
             self.acct.observe_row(children, chain, commit[b] - 1, bonus[b])
             if meta.reqs is not None and meta.greedy[b]:
                 self.book.add(meta.reqs[b], PendingTree(children, ranks, prefix[b], chain[0], commit[b]))
+            else:       # a sampled request's tokens are samples, not the target's greedy choices
+                self.acct.unpaired("not-greedy" if meta.reqs is not None else "no-request")
             self.rows += 1
             self.yield_gil()
         if not self.first_round_said:

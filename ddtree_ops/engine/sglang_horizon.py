@@ -71,7 +71,7 @@ class HorizonBook:
 
     def add(self, req: Any, tree: PendingTree) -> None:
         if self.pending >= self.limit:
-            self.acct.drop()
+            self.acct.drop(reason="pending-full")
             return
         entry = self.by_req.get(id(req))
         if entry is None:
@@ -101,14 +101,14 @@ class HorizonBook:
                 if not self.misaligned:
                     logger.warning(MISALIGNED, t.root_pos, origin, len(out))
                 self.misaligned += 1
-                self.acct.drop()
+                self.acct.drop(reason="misaligned")
             else:
                 got = greedy_walk(t.children, t.ranks, out[i + 1:i + 1 + self.horizon], self.horizon) \
                     if i < len(out) else None
                 if got is None and not finished:
                     break                  # later trees of this request need even more tokens
                 if got is None:
-                    self.acct.drop()
+                    self.acct.drop(reason="request-ended")
                 else:
                     self.acct.observe_exact(t.chain_tokens, got[0], got[1])
                     self.decided += 1

@@ -40,6 +40,7 @@ from ddtree_ops.engine.sglang_settings import cost_ratio, read_settings
 from ddtree_ops.engine.sglang_topk import eager_topk, fold_topk, head_rows
 from ddtree_ops.engine.sglang_transfer import RoundTransfer
 from ddtree_ops.engine.shadow import OnlineShadow, format_report
+from ddtree_ops.treestats import FROM_MEASURED
 
 logger = logging.getLogger("ddtree_ops.engine.sglang")
 
@@ -80,6 +81,7 @@ class _ShadowState:
         self.ratio, self.cost_source = cost_ratio(settings, self.budget, block)
         self.acct = OnlineShadow(self.budget, self.horizon, report_every=settings.report_every,
                                  on_report=self._report, cost_ratio=self.ratio, cost_source=self.cost_source)
+        self.metrics.cost_ratio(self.cost_source, self.ratio)
         self.transfer = RoundTransfer()
         kind = ThreadAccountant if settings.account_thread else InlineAccountant
         self.accountant = kind(self.acct, self.transfer, self.horizon, settings.max_pending)
@@ -110,7 +112,9 @@ class _ShadowState:
 
     def _report(self, rep: Any) -> None:
         logger.info(format_report(rep))
-        self.metrics.publish(rep)
+        self.metrics.publish(rep, self.acct.counters())
+        if rep.cost_source == FROM_MEASURED and rep.cost_ratio is not None:
+            self.metrics.cost_ratio(FROM_MEASURED, rep.cost_ratio)
 
     def send(self, tokens: Any, scores: Any, candidates: Any, commit: Any, bonus: Any, prefix: Any,
              reqs: Any, bs: int, width: int) -> None:
@@ -147,6 +151,7 @@ class _ShadowState:
         if not self.accounted and self.verify_rounds >= self.warn_after and "silent" not in self.warned:
             reason = self.silence_reason()
             self.once("silent", SILENT, self.verify_rounds, reason)
+            self.acct.silent = reason
             self.metrics.silent(self.verify_rounds, reason)
 
 

@@ -23,10 +23,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ddtree_ops.treestats import INCONCLUSIVE, KEEP_CHAIN, PROMOTE, Counters, ModeSums, Verdict, bs_bucket, verdict
+
 if TYPE_CHECKING:       # the accounting itself runs on lists: no torch needed to import it
     from ddtree_ops.engine.tree import Tree
 
-PROMOTE, KEEP_CHAIN, INCONCLUSIVE = "promote-tree", "keep-chain", "inconclusive"
 
 
 @dataclass
@@ -117,6 +118,7 @@ class ShadowReport:
     reason: str
     dropped_rounds: int = 0                # sampled greedy rounds whose request ended before the walk was decided
     cost_source: str = ""                  # where cost_ratio came from (DDTREE_VERIFY_COST_RATIO, a bench table)
+    speedup_lower: float | None = None     # one-sided lower bound of projected_speedup (treestats.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -292,7 +294,8 @@ def mean_test(n: int, d_sum: float, d_sq: float) -> tuple[float, float]:
 
 class ExactTally:
     """Running totals of rounds whose tree acceptance is exact (the greedy walk over the tokens
-    committed after the round), paired with the chain's tokens of the same round.
+    committed after the round, or the served tree's own walk), paired with the chain's tokens of the
+    same round: the counts and the first and second moments that `treestats` decides from.
 
     The verdict weighs the tree's tokens against the chain's at the cost ratio r (the tree's
     verify round costs r chain rounds): the tree pays when mean(tree - r * chain) > 0, i.e.
@@ -302,86 +305,99 @@ class ExactTally:
     def __init__(self, horizon: int) -> None:
         self.horizon = horizon
         self.n = self.chain_sum = self.tree_sum = 0
+        self.chain_sq = self.tree_sq = self.tree_chain = 0
         self.tree_hist: Counter[int] = Counter()
         self.hits = [0] * horizon
-        self.pairs: Counter[tuple[int, int]] = Counter()   # (chain, tree) -> rounds: sums for any r
 
     def add(self, chain_tokens: int, tree_tokens: int, sibling_depths: list[int]) -> None:
         self.n += 1
         self.chain_sum += chain_tokens
         self.tree_sum += tree_tokens
+        self.chain_sq += chain_tokens * chain_tokens
+        self.tree_sq += tree_tokens * tree_tokens
+        self.tree_chain += tree_tokens * chain_tokens
         self.tree_hist[tree_tokens] += 1
-        self.pairs[(chain_tokens, tree_tokens)] += 1
         for d in sibling_depths:
             if 1 <= d <= self.horizon:
                 self.hits[d - 1] += 1
 
     def test(self, ratio: float) -> tuple[float, float, float]:
         """(mean of tree - r * chain, p tree better, p tree worse)."""
-        d_sum = d_sq = 0.0
-        for (c, t), k in self.pairs.items():
-            d = t - ratio * c
-            d_sum += k * d
-            d_sq += k * d * d
+        d_sum = self.tree_sum - ratio * self.chain_sum
+        d_sq = self.tree_sq - 2 * ratio * self.tree_chain + ratio * ratio * self.chain_sq
         p_up, p_down = mean_test(self.n, d_sum, d_sq)
         return (d_sum / self.n if self.n else 0.0), p_up, p_down
 
 
 class OnlineShadow:
-    """Shadow accounting fed by a serving engine's chain verify (the SGLang worker's path).
+    """Accounting fed by a serving engine's verify rounds (the SGLang worker's path).
 
-    Inputs are what a DFlash verify already has: per-row draft top-K per depth, the verified
-    block (root + chain), the accepted length and the bonus. Per row it builds the tree with the
-    host heap and records the spine lower bound in running totals. Under greedy decoding the
+    Shadow mode: inputs are what a DFlash verify already has: per-row draft top-K per depth, the
+    verified block (root + chain), the accepted length and the bonus. Per row it builds the tree with
+    the host heap and records the spine lower bound in running totals. Under greedy decoding the
     tree's exact acceptance follows later, once the tokens committed after the round are known
-    (`observe_exact`): the verdict is made from those. Figures go to the log every
-    `report_every` rounds and to `on_report` (metrics).
+    (`observe_exact`). Tree mode (`sglang_tree`): every served tree round gives its exact pair at
+    once. Either way the verdict is `treestats.verdict` over `counters()`, the same sums the worker
+    exports on /metrics; figures go to the log every `report_every` rounds and to `on_report`.
     """
 
     def __init__(self, budget: int, horizon: int, report_every: int = 200,
                  on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None,
-                 cost_source: str = "", alpha: float = 0.05) -> None:
+                 cost_source: str = "", alpha: float = 0.05, mode: str = "shadow") -> None:
         self.budget, self.horizon, self.report_every = budget, horizon, max(1, report_every)
         self.cost_ratio, self.cost_source = cost_ratio, cost_source
-        self.min_rounds, self.alpha = min_rounds, alpha
+        self.min_rounds, self.alpha, self.mode = min_rounds, alpha, mode
         self.tally = BoundTally(horizon, min_rounds=min_rounds, cost_ratio=cost_ratio)
         self.exact = ExactTally(horizon)
-        self.dropped = 0
+        self.dropped = 0                      # greedy rounds that could not be decided (the line's dropped=)
+        self.drops: Counter[str] = Counter()  # every round without an exact pair, by reason
+        self.cost: dict[tuple[str, str], list[float]] = {}    # (arm, bs bucket) -> [seconds, forwards]
+        self.silent: str | None = None
         self.on_report = on_report
+
+    def counters(self) -> Counters:
+        """The running sums as `treestats` reads them off /metrics (`sglang_metrics` exports these)."""
+        ex = self.exact
+        sums = ModeSums(rounds=float(self.rounds), exact=float(ex.n), chain=float(ex.chain_sum),
+                        tree=float(ex.tree_sum), chain_sq=float(ex.chain_sq), tree_sq=float(ex.tree_sq),
+                        tree_chain=float(ex.tree_chain), dropped={k: float(v) for k, v in self.drops.items()})
+        ratios = {self.cost_source or "configured": self.cost_ratio} if self.cost_ratio is not None else {}
+        return Counters(modes={self.mode: sums}, verify={k: (v[0], v[1]) for k, v in self.cost.items()},
+                        cost_ratios=ratios, silent=self.silent)
+
+    @property
+    def rounds(self) -> int:
+        return self.tally.rounds
+
+    def add_cost(self, arm: str, bs: int, seconds: float) -> None:
+        """One verify forward of `bs` rows, of the tree or the chain, and its device seconds."""
+        slot = self.cost.setdefault((arm, bs_bucket(bs)), [0.0, 0.0])
+        slot[0] += seconds
+        slot[1] += 1
+
+    def verdict(self) -> Verdict:
+        return verdict(self.counters(), min_exact=self.min_rounds, alpha=self.alpha, mode=self.mode)
 
     def report(self) -> ShadowReport:
         rep = self.tally.report()
-        rep.cost_source, rep.dropped_rounds = self.cost_source, self.dropped
-        ex, ratio = self.exact, self.cost_ratio
-        if not ex.n:
-            return rep
-        rep.sampled_rounds = ex.n
-        rep.tau_tree = ex.tree_sum / ex.n
-        rep.tau_chain_sampled = ex.chain_sum / ex.n
-        rep.tree_hist = dict(sorted(ex.tree_hist.items()))
-        rep.sibling_hits = list(ex.hits)
-        if ratio is None:
-            rep.projected_speedup = rep.p_tree_better = rep.p_tree_worse = None
-            rep.recommendation, rep.reason = INCONCLUSIVE, "no tree/chain verify cost ratio to weigh the tree against"
-            return rep
-        rep.projected_speedup = (rep.tau_tree / rep.tau_chain_sampled) / ratio
-        mean, p_up, p_down = ex.test(ratio)
-        rep.p_tree_better, rep.p_tree_worse = p_up, p_down
-        if ex.n < self.min_rounds:
-            rep.recommendation, rep.reason = INCONCLUSIVE, (f"{ex.n} exact rounds; need at least {self.min_rounds}")
-        elif p_up < self.alpha and mean > 0:
-            rep.recommendation, rep.reason = PROMOTE, (
-                f"the tree accepts {rep.tau_tree:.3f} tokens a round against the chain's {rep.tau_chain_sampled:.3f} "
-                f"on {ex.n} exact rounds: more than its {ratio:.2f}x verify cost (p={p_up:.3g})")
-        elif p_down < self.alpha and mean < 0:
-            rep.recommendation, rep.reason = KEEP_CHAIN, (
-                f"the tree's {rep.tau_tree:.3f} tokens a round against the chain's {rep.tau_chain_sampled:.3f} "
-                f"on {ex.n} exact rounds do not pay for its {ratio:.2f}x verify cost (p={p_down:.3g})")
-        else:
-            rep.recommendation, rep.reason = INCONCLUSIVE, (
-                f"tau_tree / tau_chain = {rep.tau_tree / rep.tau_chain_sampled:.3f} is not told apart from the "
-                f"{ratio:.2f}x cost over {ex.n} exact rounds (p better={p_up:.3g}, p worse={p_down:.3g})")
+        rep.dropped_rounds = self.dropped
+        v = self.verdict()
+        rep.cost_ratio, rep.cost_source = v.r, v.r_source or self.cost_source
+        rep.projected_speedup, rep.p_tree_better, rep.p_tree_worse = v.speedup, v.p_better, v.p_worse
+        rep.recommendation, rep.reason = v.recommendation, v.reason
+        rep.speedup_lower = v.lower
+        ex = self.exact
+        if ex.n:
+            rep.sampled_rounds = ex.n
+            rep.tau_tree = ex.tree_sum / ex.n
+            rep.tau_chain_sampled = ex.chain_sum / ex.n
+            rep.tree_hist = dict(sorted(ex.tree_hist.items()))
+            rep.sibling_hits = list(ex.hits)
         return rep
+
+    def maybe_report(self) -> None:
+        if self.rounds % self.report_every == 0 and self.on_report is not None:
+            self.on_report(self.report())
 
     def observe(self, draft_tokens: Any, draft_scores: Any, candidates: Any, accept_len: Any, bonus: Any) -> list[int]:
         """draft_tokens/draft_scores [bs, L, K] (scores quantised as in `tree.quantize_logprobs`),
@@ -399,18 +415,23 @@ class OnlineShadow:
         """One row whose tree is built (`heap_tree`): its lower bound into the running totals."""
         lower = spine_bound(children, chain, accepted, bonus)
         self.tally.add(accepted + 1, lower)
-        if self.tally.rounds % self.report_every == 0 and self.on_report is not None:
-            self.on_report(self.report())
+        self.maybe_report()
         return lower
 
     def observe_exact(self, chain_tokens: int, tree_tokens: int, sibling_depths: list[int]) -> None:
         """One sampled round's exact tree figure (`greedy_walk`), decided some rounds after it."""
         self.exact.add(chain_tokens, tree_tokens, sibling_depths)
 
-    def drop(self, rounds: int = 1) -> None:
-        """Sampled greedy rounds that could not be decided (their request ended first, or the
-        pending store was full): counted, never guessed."""
+    def drop(self, rounds: int = 1, reason: str = "request-ended") -> None:
+        """Sampled greedy rounds that could not be decided (their request ended first, the pending
+        store was full, the root was not where the request's tokens put it): counted, never guessed."""
         self.dropped += rounds
+        self.drops[reason] += rounds
+
+    def unpaired(self, reason: str, rounds: int = 1) -> None:
+        """Rounds accounted with no exact pair by design (a sampled request: its committed tokens are
+        samples, not the target's greedy choices): counted under their reason, not in `dropped`."""
+        self.drops[reason] += rounds
 
 
 def _rows(x: Any) -> list[Any]:

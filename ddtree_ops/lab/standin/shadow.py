@@ -238,16 +238,18 @@ class ShadowRun:
         except ImportError:
             return ""
         text = generate_latest(REGISTRY).decode()
-        return "".join(ln + "\n" for ln in text.splitlines() if "ddtree_shadow_" in ln)
+        return "".join(ln + "\n" for ln in text.splitlines() if "ddtree_" in ln and "_created" not in ln)
 
 
-# ---------------------------------------------------------------- a gauge recorder (no prometheus_client)
+# ---------------------------------------------------------------- a metrics recorder (no prometheus_client)
 
 
 class _Gauge:
     """prometheus_client.Gauge's constructor, labels() and set(), kept in memory."""
 
     registry: list["_Gauge"]
+    kind = "gauge"
+    suffix = ""
 
     def __init__(self, name: str, doc: str, labelnames: tuple[str, ...] | list[str] = (), **_kw: Any) -> None:
         self.name, self.doc, self.labelnames = name, doc, tuple(labelnames)
@@ -256,10 +258,26 @@ class _Gauge:
 
     def labels(self, *values: str, **kw: str) -> "_Child":
         key = tuple(values) if values else tuple(str(kw[n]) for n in self.labelnames)
+        self.values.setdefault(key, 0.0)
         return _Child(self, key)
 
     def set(self, value: float) -> None:
         self.values[()] = float(value)
+
+    def inc(self, amount: float = 1.0) -> None:
+        self.values[()] = self.values.get((), 0.0) + float(amount)
+
+
+class _Counter(_Gauge):
+    """prometheus_client.Counter: exported as NAME_total, only ever increased."""
+
+    kind = "counter"
+    suffix = "_total"
+
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0:
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        super().inc(amount)
 
 
 class _Child:
@@ -269,22 +287,28 @@ class _Child:
     def set(self, value: float) -> None:
         self.gauge.values[self.key] = float(value)
 
+    def inc(self, amount: float = 1.0) -> None:
+        if amount < 0 and self.gauge.kind == "counter":
+            raise ValueError("Counters can only be incremented by non-negative amounts.")
+        self.gauge.values[self.key] = self.gauge.values.get(self.key, 0.0) + float(amount)
+
 
 class _Recorder(types.ModuleType):
     """Stands for the `prometheus_client` module where it is not installed (the lab's venv)."""
 
     def __init__(self) -> None:
-        super().__init__("prometheus_client", "ddtree-ops LAB STAND-IN: gauges in Prometheus text format")
+        super().__init__("prometheus_client", "ddtree-ops LAB STAND-IN: metrics in Prometheus text format")
         self.gauges: list[_Gauge] = []
         self.Gauge = type("Gauge", (_Gauge,), {"registry": self.gauges})
+        self.Counter = type("Counter", (_Counter,), {"registry": self.gauges})
 
     def render(self) -> str:
         out = []
         for g in self.gauges:
-            out += [f"# HELP {g.name} {g.doc}", f"# TYPE {g.name} gauge"]
+            out += [f"# HELP {g.name}{g.suffix} {g.doc}", f"# TYPE {g.name}{g.suffix} {g.kind}"]
             for key, value in sorted(g.values.items()):
                 labels = ",".join(f'{n}="{v}"' for n, v in zip(g.labelnames, key))
-                out.append(f"{g.name}{{{labels}}} {value}" if labels else f"{g.name} {value}")
+                out.append(f"{g.name}{g.suffix}{{{labels}}} {value!r}" if labels else f"{g.name}{g.suffix} {value!r}")
         return "".join(ln + "\n" for ln in out)
 
 
