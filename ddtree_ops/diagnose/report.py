@@ -35,6 +35,21 @@ def exit_code(verdict: str) -> DiagnoseExit:
             "failed": DiagnoseExit.FAILURE}.get(verdict, DiagnoseExit.UNREADABLE)
 
 
+def service_verdict(nodes: list[str | None]) -> str:
+    """A multi-node service's verdict from its nodes' (rank 0 first; None: nothing read). Any failure
+    fails it; a node that read nothing leaves it unreadable; otherwise rank 0's verdict says whether
+    it serves (rank 0 serves HTTP and prints the serving lines, the other nodes' journals have none:
+    their own inconclusive is not the service's), degraded if any node warned."""
+    if "failed" in nodes:
+        return "failed"
+    if None in nodes or "unreadable" in nodes or not nodes:
+        return "unreadable"  # a node read nothing: no healthy from nothing
+    head = nodes[0]
+    if head != "healthy":
+        return head  # type: ignore[return-value]
+    return "degraded" if "degraded" in nodes else "healthy"
+
+
 def _esc(text: str) -> str:
     from rich.markup import escape
 

@@ -69,3 +69,17 @@ def test_smoke_judges_what_it_asks_the_host_and_reads_no_diagnosis() -> None:
     down = SmokeObs("ct129", unit_name="sglang.service", unit=ACTIVE,
                     health=HttpProbe(error="connection refused"), generate=HttpProbe(error="connection refused"))
     assert judge(down, cfg).state is NagiosExit.CRITICAL
+
+
+def test_a_service_is_healthy_only_when_rank_0_shows_it_serves() -> None:
+    """A multi-node service: rank 0 serves HTTP and prints the serving lines; the other nodes'
+    journals hold none, so their inconclusive is not the service's, and rank 0's is."""
+    from ddtree_ops.diagnose.report import service_verdict
+
+    assert service_verdict(["healthy", "inconclusive"]) == "healthy"
+    assert service_verdict(["healthy", "degraded"]) == "degraded"
+    assert service_verdict(["inconclusive", "healthy"]) == "inconclusive"  # never healthy without rank 0's evidence
+    assert service_verdict(["degraded", "inconclusive"]) == "degraded"
+    assert service_verdict(["healthy", "failed"]) == service_verdict(["inconclusive", "failed"]) == "failed"
+    assert service_verdict(["healthy", None]) == service_verdict(["healthy", "unreadable"]) == "unreadable"
+    assert service_verdict([None, "failed"]) == "failed"
