@@ -414,9 +414,10 @@ class Scanner(TracebackReplay):
         seen = 0
         end = self._cur
         while end > lo and seen < BUILD_LINES:  # this block's lines above the current one
-            s = self._buf.rfind(b"\n", lo, end - 1) + 1
-            if s <= lo and lo > block_start:
+            nl = self._buf.rfind(b"\n", lo, end - 1)
+            if nl < 0 and lo > block_start:
                 return None  # the window's first line may be cut
+            s = nl + 1 if nl >= 0 else lo  # (the block's first line starts at the block)
             text = journal.clean_line(self._buf[s:end].decode("utf-8", "replace"))[0]
             if rx.search(text) and not summary.search(text):
                 return self._lineno_at(s), text.strip()
