@@ -130,3 +130,16 @@ def test_journald_and_json_forms_and_the_corpus_read_the_same() -> None:
         lines = raw_lines(path)
         _same(lines)
         _same(as_journald(lines))
+
+
+def test_the_screen_in_worker_processes_replays_the_same(tmp_path: Any) -> None:
+    """classify_path hands the scanner blocks whose screen ran in forked workers: runs are found and
+    counted from those hits as from its own."""
+    from ddtree_ops.diagnose.classify import classify_path
+
+    lines = _journal(300, exc={150: "KeyError: 'Unsupported compute capability sm_120'"})
+    path = tmp_path / "journal.txt"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    want, _ = _read(lines, False)
+    got = classify_path(str(path), _catalogue(), workers=2, min_bytes=0, chunk_bytes=20000)
+    assert _key(got) == _key(want)
