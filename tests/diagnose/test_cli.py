@@ -175,3 +175,22 @@ def test_unclassified_crash_shows_exception_frames_and_signature(tmp_path, capsy
     assert any(f.startswith("sglang/srt/layers/sampler.py:121") for f in frames)
     # numbers and addresses out, the engine's file and function in: a string to search trackers with
     assert rc_doc["signature"] == "KeyError: 'req_pool_idx N not found in N' (sglang/srt/layers/sampler.py in forward)"
+
+
+def test_diagnose_log_starts_without_pydantic(tmp_path) -> None:
+    """Start-up (issue 31): `diagnose --log` reads no profile, its string options need no coercion,
+    and the catalogue comes parsed from the disk cache once a run has stored it, so neither pydantic
+    nor yaml is imported on the way to the first line (they cost more than the rest of the start
+    together). The options still arrive as typed."""
+    import subprocess
+
+    log = tmp_path / "one.log"
+    log.write_text("[2026-01-10 09:00:20 TP0] Decode batch, #running-req: 1, #token: 5, \n")
+    code = ("import sys, json\nfrom ddtree_ops.cli.app import main\n"
+            "try:\n    main(['diagnose', '--log', sys.argv[1], '--json'])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print(json.dumps({'rc': rc, 'heavy': [m for m in ('pydantic', 'yaml', 'paramiko') if m in sys.modules]}),"
+            " file=sys.stderr)")
+    subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, check=True)  # the disk cache filled
+    res = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, check=True)
+    assert json.loads(res.stdout)["verdict"] == "healthy"  # the file given to --log was read
+    assert json.loads(res.stderr.strip().splitlines()[-1]) == {"rc": 0, "heavy": []}, res.stderr
