@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.catalogue import ACCEPT
-from ddtree_ops.diagnose.screen import HyperscanScreen, hyperscan_available, necessary_literals, trie_regex
+from ddtree_ops.diagnose.screen import (HyperscanScreen, Screen, build_screen, hyperscan_available, necessary_literals,
+                                        plan_screen)
 
 if TYPE_CHECKING:
     from ddtree_ops.diagnose.catalogue import Catalogue, Rule
@@ -85,7 +86,7 @@ class Check:
         self.patterns = patterns
         self.full: re.Pattern[str] | None = None  # compiled when a line needs it
         needles: list[str] = []
-        self.screen: HyperscanScreen | re.Pattern[bytes] | None = None
+        self.screen: HyperscanScreen | Screen | None = None
         for p in patterns:
             sets = [s for s in necessary_literals(p) if s and not any(x in cls for x in s)]
             if not sets:
@@ -94,17 +95,12 @@ class Check:
         words = sorted(set(needles))
         if kind == "hyperscan" or (kind == "auto" and hyperscan_available()):
             self.screen = HyperscanScreen(tuple(words), ())
-        else:
-            self.screen = re.compile(trie_regex(words).encode("utf-8"))
+        else:  # the stdlib screen's own machinery: rare anchor bytes found with memchr
+            self.screen = build_screen(words, plan_screen([[(w,)] for w in words]).anchors, kind="python")
 
     def needles(self, buf: bytes, start: int, end: int) -> list[int] | None:
         """Offsets in buf[start:end] where a literal may be (None: every line must be searched)."""
-        sc = self.screen
-        if sc is None:
-            return None
-        if isinstance(sc, HyperscanScreen):
-            return sc.hits(buf, start, end)
-        return [m.start() for m in sc.finditer(buf, start, end)]
+        return None if self.screen is None else self.screen.hits(buf, start, end)
 
     def search(self, line: bytes) -> bool:
         """Whether a pattern matches `line` (an exception line's text, UTF-8)."""
