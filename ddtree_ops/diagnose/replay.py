@@ -67,6 +67,7 @@ class Run:
     """Events that repeat a replayed traceback: their shape as one regex, and what counts them."""
 
     rx: re.Pattern[bytes]  # closer line, header, body, exception prefix and class; the message as `msg`
+    many: re.Pattern[bytes]  # as many such events in a row as there are (its groups: the last one's)
     lines: int  # lines per event
     check: Check | None  # the patterns that would claim the exception line instead of the winner
     winner: int  # the rule that claims the exception line (-1: none, the backstop keeps it)
@@ -74,6 +75,9 @@ class Run:
 
 
 UNSET: Any = object()
+# what a run's message must not hold (the scanner reads such a line in full): an accept-length report,
+# the visible cards, a traceback flattened onto the line
+_NOT_IN_MESSAGE = (ACCEPT_B, b"CUDA_VISIBLE_DEVICES", b'", line ')
 
 
 class Check:
@@ -265,14 +269,23 @@ class TracebackReplay:
         ms = m.start("msg")
         h_prev, n_prev = bisect_left(hits, pos), (bisect_left(needles, pos) if needles is not None else 0)
         h_base, n_base = bisect_left(hits, ms) - h_prev, (bisect_left(needles, ms) - n_prev if needles is not None else 0)
-        match, accept = rx.match, ACCEPT_B
-        while m is not None:
+        match = rx.match
+        # Most runs are clean throughout: their events, matched at once, hold just the keywords and
+        # literals the events' own shape holds, and none of the lines a message must not hold.
+        run = spec.many.match(buf, pos, end)
+        run_end = run.end() if run is not None else pos
+        n = buf.count(b"\n", pos, run_end) // spec.lines
+        if (run is not None and bisect_left(hits, run_end) - h_prev == n * h_base
+                and (check is None or (needles is not None and bisect_left(needles, run_end) - n_prev == n * n_base))
+                and all(buf.count(w, pos, run_end) == n * buf.count(w, pos, ms) for w in _NOT_IN_MESSAGE)):
+            k, last, m = n, run, None  # (`run`'s groups are its last event's)
+        while m is not None:  # otherwise, event by event: the first that holds one ends the run
             me = m.end("msg")
             h_end = bisect_left(hits, me)
             if h_end - h_prev != h_base:
                 break  # a keyword in the message: a rule may claim it, read it in full
             t = buf[m.start("exc"):me]
-            if accept in t or b"CUDA_VISIBLE_DEVICES" in t or b'", line ' in t:
+            if any(w in t for w in _NOT_IN_MESSAGE):
                 break
             if check is not None:
                 n_end = bisect_left(needles, me) if needles is not None else 0
@@ -299,9 +312,9 @@ class TracebackReplay:
         self._suppressed[w_id] = self._suppressed.get(w_id, 0) + settled
         tb = self._tb
         first = exc_line + 2  # the first event's header line (its closer is the line before)
-        if k > 1:
-            tb.starts.update({tb.group + j + 1: first + j * spec.lines for j in range(k - 1)})
-            tb.group += k - 1
+        # (the events before the last get their group ids but no start line: no finding of theirs is kept,
+        # and only a kept finding's group is looked up; a journal of them stays small)
+        tb.group += k - 1
         # the last event, exactly: header, frames, exception line
         hline = first + (k - 1) * spec.lines
         b0 = last.start("body")
@@ -347,9 +360,9 @@ class TracebackReplay:
         pats += [p for r in rules if r.context in ("start", "stop") for p in r.patterns]
         check = Check(pats, cls, self.cat.screen_kind) if pats else None
         lines = 1 + 1 + tpl.n + 1
-        rx = re.compile(shape_rx(closer[0]) + b"\n" + shape_rx(tpl.key) + b"\n(?P<body>"
-                        + shape_rx(tpl.body) + b")(?P<prefix>" + shape_rx(tpl.exc_prefix) + b")(?P<exc>"
-                        + re.escape(cls.encode("utf-8")) + b")(?P<msg>[^\n]*)\n", re.S)
+        event = (shape_rx(closer[0]) + b"\n" + shape_rx(tpl.key) + b"\n(?P<body>" + shape_rx(tpl.body) + b")(?P<prefix>"
+                 + shape_rx(tpl.exc_prefix) + b")(?P<exc>" + re.escape(cls.encode("utf-8")) + b")(?P<msg>[^\n]*)\n")
         held = wrule.role in HELD_ROLES
-        return Run(rx=rx, lines=lines, check=check, winner=winner, held=held)
+        return Run(rx=re.compile(event, re.S), many=re.compile(b"(?:" + event + b")+", re.S), lines=lines, check=check,
+                   winner=winner, held=held)
 

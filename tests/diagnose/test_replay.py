@@ -75,7 +75,7 @@ def _key(r: Report) -> tuple[Any, ...]:
     rc = r.root_cause
     return (r.verdict, None if rc is None else (rc.label, rc.line, rc.rule_id, rc.text, rc.frames, rc.remedy),
             [(f.rule_id, f.line, f.severity, f.text, f.frames, f.label) for f in r.findings], r.lines,
-            sorted(r.suppressed.items()), sorted(r.claimed.items()), r.launch, r.serving)
+            sorted(r.suppressed.items()), sorted(r.claimed.items()), r.launch, r.serving, r.accept, r.memory)
 
 
 def _same(lines: list[bytes], chunks: int = 1) -> tuple[int, int]:
@@ -95,8 +95,10 @@ def test_a_journal_of_request_tracebacks_is_counted_in_bulk_and_reads_the_same()
     ("KeyError: 'CUDA out of memory. Tried to allocate 2.00 GiB'", "a keyword of the screen in the message"),
     ("ValueError: 'slot 7 gone'", "another exception class"),
     ("KeyError: 'accept len: 1.00 never moved'", "an accept-length report inside the message"),
+    ("KeyError: 'accept len: 0.95 at step 7'", "an accept-length report no keyword of the screen holds"),
     ("KeyError: 'CUDA_VISIBLE_DEVICES=0,1 but rank 3'", "the visible cards inside the message"),
     ("KeyError: 'speculative draft rejected'", "a message a speculative rule's pattern reads"),
+    ('KeyError: \'File "/x/y.py", line 3, in f raise ValueError(\'', "a traceback flattened into the message"),
 ])
 def test_a_message_that_another_rule_may_claim_stops_the_run(exc: str, why: str) -> None:
     _same(_journal(200, exc={120: exc}))
