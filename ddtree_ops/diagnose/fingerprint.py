@@ -38,7 +38,7 @@ class Component:
     profile_key: str | None = None
 
 
-UNKNOWN = Component("unknown", "no component named (no frame, message or logger prefix known)",
+UNKNOWN = Component("unknown", "unknown",
                     remedy="Read the lines just above this one: the first error there is the cause; search the "
                            "signature in the engine's issue tracker.")
 
@@ -105,4 +105,4 @@ def describe(text: str, frames: list[journal.Frame], raw: str, components: tuple
             m = re.search(rx, raw)
             if m:
                 return Description(c, f"the logger prefix '{m.group(0).strip()[:60]}'", exception, message)
-    return Description(UNKNOWN, "nothing in the line or its frames", exception, message)
+    return Description(UNKNOWN, "no frame, word of the message or logger prefix it knows", exception, message)

@@ -144,7 +144,8 @@ def _render_cause(con: Console, root: Finding) -> None:
     d = root.description
     if d is not None:
         # a failure no rule names, described well enough to act on (fingerprint.py)
-        con.print(f"[bold]component[/] {_esc(d.component.name)} (named by {_esc(d.named_by)})")
+        how = f"named by {d.named_by}" if d.component.id != "unknown" else d.named_by.replace("no ", "nothing names it: no ", 1)
+        con.print(f"[bold]component[/] {_esc(d.component.name)} ({_esc(how)})")
         if d.exception:
             con.print(f"[bold]exception[/] {_esc(d.exception)}: {_esc(d.message[:240])}")
     if root.context:
