@@ -136,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     doc = {"schema_version": 1, "generated_by": "python bench/diagnose_corpus.py", "date": time.strftime("%Y-%m-%d"),
            "outcomes": outcomes()}
-    Path(args.json).write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    head = {k: v for k, v in doc.items() if k != "outcomes"}
+    rows = ",\n".join(json.dumps(r, separators=(", ", ": ")) for r in doc["outcomes"])  # one outcome per line
+    Path(args.json).write_text(json.dumps(head)[:-1] + ', "outcomes": [\n' + rows + "\n]}\n", encoding="utf-8")
     text = render(doc, verbose=True)
     print(text if args.v else render(doc))
     if args.out:
