@@ -520,7 +520,7 @@ class Scanner(TracebackReplay):
         if kind in ("frame", "code") or (group is None and _RAISE_CODE.match(text)):
             # source code quoted by a traceback (`raise HFValidationError(`, `f"Cannot reach {url}"`), with or without its
             # frame line (pasted excerpts), is not an error message
-            return
+            return 0
         has_accept = ACCEPT in text
         if has_accept:
             self._accept_line(text, lineno)
