@@ -16,7 +16,6 @@ from pathlib import Path
 from ddtree_ops.config.inventory import Inventory
 from ddtree_ops.config.model import (
     MODES,
-    PLUGIN_MODES,
     Card,
     DDTreeMode,
     DDTreeShadowMode,
@@ -43,7 +42,7 @@ from ddtree_ops.config.paths import profiles_dir, shipped_dir
 from ddtree_ops.config.source import Loc, Sourced, parse_override
 from ddtree_ops.config.validate import validate
 
-__all__ = ["MODES", "PLUGIN_MODES", "Card", "DDTreeMode", "DDTreeShadowMode", "TreeServingSettings", "DflashMode", "GateSection", "GpuCard", "GpuSection", "HostSection",
+__all__ = ["MODES", "Card", "DDTreeMode", "DDTreeShadowMode", "TreeServingSettings", "DflashMode", "GateSection", "GpuCard", "GpuSection", "HostSection",
            "Loc", "MemorySection", "Mode", "ModeConfig", "ModesSection", "MultinodeSection", "NextnMode",
            "ParallelSection", "Profile", "ReleasesSection", "ServiceSection", "ShadowSettings", "SmokeSection",
            "Sourced", "available_hosts", "load_profile", "parse_override", "profiles_dir", "shipped_dir", "validate"]

@@ -22,7 +22,6 @@ from typing import Any, Callable, Mapping, Protocol
 
 from ddtree_ops.engine.sglang_settings import release_of
 from ddtree_ops.engine.shadow import heap_tree
-from ddtree_ops.engine.tree_shape import SPINE
 
 BACKEND_GROUP = "ddtree_ops.tree_verify"
 ANY_RELEASE = "*"
@@ -52,9 +51,10 @@ class RowTree:
 
 
 def build_tree(tok: list[list[int]], sc: list[list[int]], budget: int, root_token: int,
-               spine: bool = SPINE) -> RowTree:
-    """The served tree from one row's draft top-K per depth: `heap_tree`, the shadow's own build (the
-    spine first, nodes 1..min(B, L), then the rest of the budget best-first)."""
+               spine: bool | None = None) -> RowTree:
+    """The served tree from one row's draft top-K per depth: `heap_tree`, the shadow's own build (its
+    default `tree_shape.spine_for`: where the budget holds the chain, the spine first, then the rest
+    of the budget best-first)."""
     children, ranks = heap_tree(tok, sc, budget, spine)
     n = len(children)
     tokens, parents, depths = [root_token] + [0] * (n - 1), [-1] * n, [0] * n
