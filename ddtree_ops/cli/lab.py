@@ -105,8 +105,8 @@ def fault(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an 
 @lab_app.command("load")
 def load(host: str = typer.Argument(..., help="A lab host: ct129, ct200, or an extra one"),
          seconds: float = typer.Option(60.0, "--seconds", min=1, max=3600, help="How long to send."),
-         clients: int = typer.Option(2, "--clients", min=1, max=16, help="Requests in flight at once."),
-         batch: int = typer.Option(2, "--batch", min=1, max=64, help="Greedy prompts a request (one batch)."),
+         clients: int = typer.Option(1, "--clients", min=1, max=16, help="Requests in flight at once."),
+         batch: int = typer.Option(4, "--batch", min=1, max=64, help="Greedy prompts a request (one batch)."),
          max_new_tokens: int = typer.Option(256, "--max-new-tokens", min=1, max=4096),
          wait: bool = typer.Option(False, "--wait", help="Return when the load ends, with its count."),
          stop: bool = typer.Option(False, "--stop", help="Stop a load running on HOST.")) -> int:

@@ -303,8 +303,8 @@ LOAD_UNIT = "ddtree-lab-load.service"
 @dataclass
 class LoadPlan:
     seconds: float = 60.0
-    clients: int = 2
-    batch: int = 2            # prompts a request (one batch): half the profiles' max_running_requests, 2 in flight
+    clients: int = 1
+    batch: int = 4            # prompts a request (one batch): the lab profiles' max_running_requests
     max_new_tokens: int = 256
 
 

@@ -25,7 +25,7 @@ def test_the_served_tree_is_the_shadows_unless_told_otherwise() -> None:
         assert isinstance(tree, DDTreeMode)
         assert (tree.draft_model_path, tree.block_size, tree.budget, tree.draft_attention_backend) == (
             shadow.draft_model_path, shadow.block_size, shadow.budget, shadow.draft_attention_backend)
-        assert tree.budget == 64                # both classes serve the same tree (docs/lab.md: r is the card's)
+        assert tree.budget == 32                # both classes serve the same tree (docs/lab.md: r is the card's)
         # the shadow changed for one run: the served tree follows it
         moved = load_profile(host, overrides=["modes.ddtree-shadow.budget=48"], directory=REPO / "profiles")
         assert moved.mode("ddtree").budget == 48
@@ -34,11 +34,11 @@ def test_the_served_tree_is_the_shadows_unless_told_otherwise() -> None:
 
 
 def test_a_tree_that_is_not_the_shadows_is_refused_naming_file_and_line(profiles: Path) -> None:
-    line = _edit(profiles / "ct200.yaml", "  ddtree:\n    tree:\n", "  ddtree:\n    budget: 32\n    tree:\n") + 1
+    line = _edit(profiles / "ct200.yaml", "  ddtree:\n    tree:\n", "  ddtree:\n    budget: 64\n    tree:\n") + 1
     with pytest.raises(ProfileError) as exc:
         load_profile("ct200", directory=profiles)
     (msg,) = exc.value.problems
-    assert msg.endswith(f"ct200.yaml:{line} modes.ddtree.budget: 32 differs from modes.ddtree-shadow.budget 64: the "
+    assert msg.endswith(f"ct200.yaml:{line} modes.ddtree.budget: 64 differs from modes.ddtree-shadow.budget 32: the "
                         "served tree must be the one the shadow measured (promote acts on its prediction); leave it "
                         "out to take the shadow's")
 

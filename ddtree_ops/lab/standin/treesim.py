@@ -38,8 +38,8 @@ import types
 from typing import Any, Optional
 
 SIM_VOCAB = 256          # vocabulary = hidden size: the simulated head is the identity (hidden = logits)
-P_TOP1 = 0.7             # the draft's top-1 probability (how often it is right past the chain's miss)
-ALPHA = 1.75             # the tail: rank r >= 1 holds (1 - P_TOP1) * r ** -ALPHA / H of the mass
+P_TOP1 = 0.75            # the draft's top-1 probability (how often it is right past the chain's miss)
+ALPHA = 2.5              # the tail: rank r >= 1 holds (1 - P_TOP1) * r ** -ALPHA / H of the mass
 MMA_EFF = 0.5            # share of the datasheet tensor throughput a verify GEMM of a few hundred rows gets
 JITTER = 0.02            # relative spread of one forward's time
 # datasheet figures: memory bandwidth (bytes/s), dense BF16 tensor FLOP/s with FP32 accumulate
