@@ -1,4 +1,4 @@
-"""Session fixtures shared by every test directory.
+"""Session fixtures shared by every test directory, and what the suite pins about the machine.
 
 `lab`: the lab hosts ct129 and ct200 (real systemd + journald + sshd in nspawn containers, the SGLang
 stand-in), brought up once per session if they are not already up, reused if they are, and taken down
@@ -6,14 +6,62 @@ at the end only when this session started them and DDTREE_LAB_KEEP is not set. M
 `@pytest.mark.lab`. API (ddtree_ops.lab.api.Lab): `lab.ssh_config`, `lab.hosts`, `lab.grow(n)` (more hosts:
 the fleet tests use six), `lab.inventory`, `lab.connect(host)`, `lab.fault(host, name)`, `lab.clear(host)`,
 `lab.restore(host)`, `lab.exec(host, argv)`, `lab.env`.
+
+The machine and the day (issue 29): the suite's answer must not depend on who runs it where. Before any
+test module is imported, `pin_environment` gives this process and every process it starts the same
+environment on every machine: no DDTREE_*/SGLANG_* settings of the operator's own (an exported
+DDTREE_OPS_INVENTORY or SGLANG_PLUGINS changed what the CLI and the plugin tests saw), a HOME of its own
+(smoke kept NRestarts and golden outputs under ~/.local/state between runs; the tool reads ~/.ssh/config),
+an 80-column terminal without colour, UTC and the C.UTF-8 locale. The lab's home and the engine's model
+cache are computed from the real HOME first and passed on by name, so their content-keyed caches are kept.
+`fixed_control_host` gives the tests that run the tool in this process one control-host name (a lock
+taken "on ops1" was judged by pid on a machine called ops1). The pins are in tests/hermetic.py;
+tests/unit/test_hermetic.py holds each one.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import socket
+import tempfile
+import time
 from typing import Iterator
 
 import pytest
+from hermetic import CONTROL_HOST, pin_environment
+
+
+def _carried() -> dict[str, str]:
+    """Caches keyed by their content stay where they are: the lab's (its tree is rebuilt only when its
+    recipe changes) and the engine's converted model (models.cache_root, under XDG_CACHE_HOME)."""
+    from ddtree_ops.lab.paths import lab_home  # reason: the lab's home, read before HOME moves
+
+    return {"DDTREE_LAB_HOME": str(lab_home()),
+            "XDG_CACHE_HOME": os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")}
+
+
+def _session_home() -> str:
+    home = tempfile.mkdtemp(prefix="ddtree-tests-home-")
+    atexit.register(shutil.rmtree, home, ignore_errors=True)
+    return home
+
+
+pin_environment(os.environ, _session_home(), _carried())
+time.tzset()
+
+
+@pytest.fixture(autouse=True)
+def fixed_control_host(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool's control host (locks, audit lines, operator strings) has one name in every test that
+    runs it in this process. Lab tests keep the machine's own: the CLI they start in other processes
+    reads it too, and a lock must name the machine its pid lives on."""
+    if request.node.get_closest_marker("lab") is None:
+        monkeypatch.setattr(socket, "gethostname", lambda: CONTROL_HOST)
+
+
+# --------------------------------------------------------------------------- the lab
 
 
 def _lab_unavailable() -> str | None:
@@ -60,5 +108,3 @@ def lab() -> Iterator[object]:
         if started and not os.environ.get("DDTREE_LAB_KEEP"):
             api.down(handle.paths, log=lambda _m: None)
         guard.close()
-
-
