@@ -17,6 +17,10 @@ cache are computed from the real HOME first and passed on by name, so their cont
 `fixed_control_host` gives the tests that run the tool in this process one control-host name (a lock
 taken "on ops1" was judged by pid on a machine called ops1). The pins are in tests/hermetic.py;
 tests/unit/test_hermetic.py holds each one.
+
+`make test` runs the suite in two pytest-xdist workers: every lab test in one group (one worker drives
+the lab, in file order), every other file a group of its own (a module's fixtures are built once), the lab
+group first so the other worker runs everything else beside it.
 """
 
 from __future__ import annotations
@@ -61,6 +65,24 @@ def fixed_control_host(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
         monkeypatch.setattr(socket, "gethostname", lambda: CONTROL_HOST)
 
 
+# --------------------------------------------------------------------------- scheduling (pytest-xdist)
+
+LAB_GROUP = "lab"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every lab test in one xdist group, in file order, ahead of the rest; every other test in the
+    group of its file. Runs before xdist reads the groups (it does so in its own hook, later)."""
+    lab = [i for i in items if i.get_closest_marker("lab") is not None]
+    rest = [i for i in items if i.get_closest_marker("lab") is None]
+    for item in lab:
+        item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
+    for item in rest:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    items[:] = lab + rest
+
+
 # --------------------------------------------------------------------------- the lab
 
 
@@ -81,11 +103,30 @@ def _lock_path(home: "os.PathLike[str]") -> str:
     return "/run/lock/ddtree-ops-lab-tests.lock" if os.path.isdir("/run/lock") else os.path.join(home, "tests.lock")
 
 
+def _only_worker_with_the_lab(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Under pytest-xdist every lab test runs in one worker (the lab group). Were they split, a second
+    worker would wait on the lab lock for the first one's whole session, then drive the lab again:
+    that fails here, naming both workers, instead of quietly doubling the run."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if not worker:
+        return
+    mark = tmp_path_factory.getbasetemp().parent / "lab-worker"  # the run's own directory, shared by its workers
+    try:
+        with open(mark, "x") as fh:
+            fh.write(worker)
+    except FileExistsError:
+        first = mark.read_text()
+        if first != worker:
+            pytest.fail(f"lab tests reached two xdist workers ({first} and {worker}): the lab group is not in "
+                        "effect (`--dist loadgroup` and pytest 9.1, see pyproject.toml's test extra)", pytrace=False)
+
+
 @pytest.fixture(scope="session")
-def lab() -> Iterator[object]:
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     reason = _lab_unavailable()
     if reason:
         pytest.skip(reason)
+    _only_worker_with_the_lab(tmp_path_factory)
     import fcntl
 
     from ddtree_ops.lab import api
