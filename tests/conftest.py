@@ -33,6 +33,7 @@ import tempfile
 import time
 from typing import Iterator
 
+import labkit
 import pytest
 from hermetic import CONTROL_HOST, pin_environment
 
@@ -103,30 +104,15 @@ def _lock_path(home: "os.PathLike[str]") -> str:
     return "/run/lock/ddtree-ops-lab-tests.lock" if os.path.isdir("/run/lock") else os.path.join(home, "tests.lock")
 
 
-def _only_worker_with_the_lab(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Under pytest-xdist every lab test runs in one worker (the lab group). Were they split, a second
-    worker would wait on the lab lock for the first one's whole session, then drive the lab again:
-    that fails here, naming both workers, instead of quietly doubling the run."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if not worker:
-        return
-    mark = tmp_path_factory.getbasetemp().parent / "lab-worker"  # the run's own directory, shared by its workers
-    try:
-        with open(mark, "x") as fh:
-            fh.write(worker)
-    except FileExistsError:
-        first = mark.read_text()
-        if first != worker:
-            pytest.fail(f"lab tests reached two xdist workers ({first} and {worker}): the lab group is not in "
-                        "effect (`--dist loadgroup` and pytest 9.1, see pyproject.toml's test extra)", pytrace=False)
-
-
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     reason = _lab_unavailable()
     if reason:
         pytest.skip(reason)
-    _only_worker_with_the_lab(tmp_path_factory)
+    # the run's own directory, shared by its xdist workers
+    split = labkit.second_lab_worker(tmp_path_factory.getbasetemp().parent, os.environ.get("PYTEST_XDIST_WORKER"))
+    if split:
+        pytest.fail(split, pytrace=False)
     import fcntl
 
     from ddtree_ops.lab import api

@@ -142,3 +142,26 @@ def back_to_baseline(lab: Any, host: str) -> None:
     if res.returncode == 3 and "no release has passed" in res.stderr:
         res = run(lab, "deploy", host, "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- one worker drives the lab
+
+
+def second_lab_worker(run_dir: Path, worker: str | None) -> str | None:
+    """Under pytest-xdist every lab test runs in one worker (the lab group, tests/conftest.py). Were they
+    split, a second worker would wait on the lab lock for the first one's whole session, then drive the
+    lab again. The first worker to ask leaves its name in the run's own directory; a second one gets
+    the message that fails its run, naming both."""
+    if not worker:
+        return None
+    mark = run_dir / "lab-worker"
+    try:
+        with open(mark, "x") as fh:
+            fh.write(worker)
+        return None
+    except FileExistsError:
+        first = mark.read_text()
+    if first == worker:
+        return None
+    return (f"lab tests reached two xdist workers ({first} and {worker}): the lab group is not in effect "
+            "(`make test` runs `--dist loadgroup` with pytest 9.1, see pyproject.toml's test extra)")
