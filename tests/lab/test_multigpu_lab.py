@@ -14,14 +14,14 @@ tool itself (history, smoke, and each node's state in the JSON) must say so.
 from __future__ import annotations
 
 import json
-import time
+import secrets
 from typing import Any, Iterator
 
 import pytest
 from labkit import tool
 
 pytestmark = pytest.mark.lab
-RUN = time.strftime("%H%M%S")
+RUN = secrets.token_hex(3)  # a lab kept up between runs holds the last run's releases
 TP2 = ["--set", "parallel.tp_size=2", "--set", "gpus=[0, 1]"]
 PAIR = "pro6000-pair"
 NODES = ["ct201", "ct202"]
@@ -204,9 +204,9 @@ def test_one_rank_out_of_memory_rolls_every_node_back_and_diagnose_names_it(lab6
 
 
 def test_a_node_that_dies_after_ready_fails_the_service_and_every_node_rolls_back(lab6: Any) -> None:
-    lab6.fault("ct202", "crash-after-ready")
+    lab6.fault("ct202", "crash-after-ready", seconds=5)  # after rank 0 is ready, inside the 10 s window
     rc, doc, err = tool(lab6, "deploy", PAIR, "--mode", "nextn", "--yes", "--json", "--set",
-                        "gate.stay_healthy_s=20", *tag("died"))
+                        "gate.stay_healthy_s=10", *tag("died"))
     assert rc == 1, err
     assert doc["first_failed"]["node"] == "ct202" and doc["first_failed"]["label"] == "illegal_memory_access"
     assert_pair_on_known_good(lab6, doc)
