@@ -84,6 +84,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items[:] = lab + rest
 
 
+_PRIORITY: list[str] = []
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The lab is the run's critical path and mostly waits on processes in its hosts (the stand-in's
+    start is CPU work: the real SGLang and torch imports). The worker whose first test is not a lab test
+    runs at a lower priority, so those starts are not slowed by the CPU-bound tests beside them."""
+    if _PRIORITY or not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    _PRIORITY.append("lab" if item.get_closest_marker("lab") is not None else "beside the lab")
+    if _PRIORITY[0] != "lab":
+        os.nice(10)
+
+
 # --------------------------------------------------------------------------- the lab
 
 
