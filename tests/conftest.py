@@ -14,8 +14,10 @@ DDTREE_OPS_INVENTORY or SGLANG_PLUGINS changed what the CLI and the plugin tests
 (smoke kept NRestarts and golden outputs under ~/.local/state between runs; the tool reads ~/.ssh/config),
 an 80-column terminal without colour, UTC and the C.UTF-8 locale. The lab's home and the engine's model
 cache are computed from the real HOME first and passed on by name, so their content-keyed caches are kept.
-`fixed_control_host` gives the tests that run the tool in this process one control-host name (a lock
-taken "on ops1" was judged by pid on a machine called ops1). The pins are in tests/hermetic.py;
+`environment_as_found` hands each test the environment the one before it found (the plugin's check()
+left SGLANG_PLUGINS set for the rest of the process); `fixed_control_host` gives the tests that run the
+tool in this process one control-host name (a lock taken "on ops1" was judged by pid on a machine called
+ops1). The pins are in tests/hermetic.py;
 tests/unit/test_hermetic.py holds each one.
 
 `make test` runs the suite in two pytest-xdist workers: every lab test in one group (one worker drives
@@ -55,6 +57,21 @@ def _session_home() -> str:
 
 pin_environment(os.environ, _session_home(), _carried())
 time.tzset()
+
+
+@pytest.fixture(autouse=True)
+def environment_as_found() -> Iterator[None]:
+    """Each test leaves the next the environment it found. A test that writes os.environ itself (the
+    plugin's check() sets SGLANG_PLUGINS for the whole process) changed what every later test in the same
+    process, and every process those start, saw: which ran before it, in which worker, decided."""
+    before = dict(os.environ)
+    yield
+    if os.environ != before:
+        for name in set(os.environ) - set(before):
+            del os.environ[name]
+        for name, value in before.items():
+            if os.environ.get(name) != value:
+                os.environ[name] = value
 
 
 @pytest.fixture(autouse=True)
