@@ -52,7 +52,7 @@ def write(doc: dict[str, Any], dest: Path) -> None:
 
 
 def run(pair: Path, budget: int, max_new: int, prompts: int | None, reps: int, device: str, dtype_name: str,
-        tie_eps: float, shadow: bool, builder: str, dest: Path) -> dict[str, Any]:
+        tie_eps: float, shadow: bool, builder: str, dest: Path, spine: bool = True) -> dict[str, Any]:
     """Writes `dest` after the turns (complete: false) and again at the end, so a run cut short
     by a device call's limit still leaves the chain/tree figures behind."""
     import torch
@@ -70,7 +70,7 @@ def run(pair: Path, budget: int, max_new: int, prompts: int | None, reps: int, d
         raise SystemExit(f"engine_run: {pair / 'prompts.json'} is missing")
     ids = ids[:prompts] if prompts else ids
     load_s = time.perf_counter() - t0
-    dec = Decoder(model, drafter, budget=budget, eos_token_id=None, builder=builder)
+    dec = Decoder(model, drafter, budget=budget, eos_token_id=None, builder=builder, spine=spine)
     for mode in ("ar", "chain", "tree"):                    # first calls pay for kernels and allocators
         dec.generate(ids[0], 8, mode)
 
@@ -147,7 +147,8 @@ def run(pair: Path, budget: int, max_new: int, prompts: int | None, reps: int, d
         "prompts": len(ids), "max_new": max_new, "tokens_per_arm": ar_tokens, "horizon": drafter.horizon,
         "block_size": drafter.spec.block_size, "target_layer_ids": list(drafter.spec.target_layer_ids),
         "device": device, "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
-        "dtype": dtype_name, "builder": builder, "torch": torch.__version__, "load_s": round(load_s, 2),
+        "dtype": dtype_name, "builder": builder, "tree": "spine" if spine else "plain",
+        "torch": torch.__version__, "load_s": round(load_s, 2),
         "pair": str(pair),
         "notes": ["greedy; tau = tokens committed per verify round (accepted drafts + the bonus), as SGLang's "
                   "accept length", "rounds_* and accepted_* are the first turn of each arm; every turn is "
@@ -189,13 +190,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="float32 (default) keeps the lossless check exact up to near-ties")
     ap.add_argument("--tie-eps", type=float, default=1e-3)
     ap.add_argument("--builder", choices=("heap", "vector"), default="heap")
+    ap.add_argument("--tree", choices=("spine", "plain"), default="spine",
+                    help="the tree's shape: the chain's spine then best-first (default), or plain best-first")
     ap.add_argument("--no-shadow", action="store_true", help="skip the engine's shadow pass")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
     if args.budget < 1 or args.max_new < 1 or args.reps < 1:
         ap.error("--budget, --max-new and --reps must be >= 1")
     doc = run(args.pair, args.budget, args.max_new, args.prompts, args.reps, args.device, args.dtype,
-              args.tie_eps, not args.no_shadow, args.builder, args.out)
+              args.tie_eps, not args.no_shadow, args.builder, args.out, spine=args.tree == "spine")
     say(f"tau chain {doc['tau_chain']:.3f}, tree {doc['tau_tree']:.3f}; tok/s ar {doc['tok_s_ar']}, chain "
         f"{doc['tok_s_chain']}, tree {doc['tok_s_tree']} (A/A {doc['aa_ratio']}); lossless {doc['lossless']}; "
         f"{doc['wall_s']:.0f} s -> {args.out}")

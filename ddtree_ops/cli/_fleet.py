@@ -251,29 +251,37 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
         return diag, diag.combined()
 
     per_host, worst = [], 0
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
     for name, got, err in fleet.across(list(hosts), one):
         if got is None:
             key, doc = ("unreadable", fleet.shorten(err, 70)), {"host": name, "verdict": "unreadable", "error": err}
+            cause = key[1]
             code = int(DiagnoseExit.UNREADABLE)
             evidence = remedy = ""
         else:
             diag, combined = got
             f = combined.root_cause or (combined.warnings[0] if combined.warnings else None)
             key = (combined.verdict, f.label if f is not None else "-")
+            cause = key[1]
+            if f is not None and f.description is not None:
+                # a failure no rule names: hosts that fail the same unnamed way (component, exception,
+                # message without its numbers) are one line; others with the same label are not
+                key = (combined.verdict, f.label, f.description.key)
+                cause = f"{f.label}: {f.description.head()[:120]}"
             evidence = f"line {f.line}: {f.evidence}" if f is not None else ""
             remedy = (f.remedy or "") if f is not None else ""
             doc = {"host": name, **rpt.to_json(combined, diag)}
             code = int(rpt.exit_code(combined.verdict))
         worst = max(worst, code, key=_DIAGNOSE_RANK.__getitem__)
         per_host.append(doc | {"exit_code": code})
-        g = groups.setdefault(key, {"verdict": key[0], "cause": key[1], "hosts": [], "evidence": evidence,
-                                    "evidence_host": name, "remedy": remedy})
+        g = groups.setdefault(key, {"verdict": key[0], "cause": cause, "hosts": [], "evidence": evidence,
+                                    "evidence_host": name, "remedy": remedy,
+                                    **({"fingerprint": key[2]} if len(key) > 2 else {})})
         g["hosts"].append(name)
-    order = {"failed": 0, "unreadable": 1, "degraded": 2, "healthy": 3}
+    order = {"failed": 0, "unreadable": 1, "inconclusive": 2, "degraded": 3, "healthy": 4}
     ranked = sorted(groups.values(), key=lambda g: (order.get(g["verdict"], 9), -len(g["hosts"])))
     if as_json:
-        output.emit_json({"command": "diagnose", "causes": ranked, "hosts": per_host})
+        output.emit_json({"command": "diagnose", "exit_code": worst, "causes": ranked, "hosts": per_host})
     else:
         rows = [("VERDICT", "CAUSE", "N", "HOSTS")] + [
             (g["verdict"], g["cause"], str(len(g["hosts"])), compress(g["hosts"])) for g in ranked]

@@ -137,10 +137,7 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
     failures = diagnosis_failures(svc.hosts, diags)
     first = first_failed(failures)
     combined = [d.combined() if d is not None else None for d in diags]
-    verdicts = [c.verdict for c in combined if c is not None]
-    verdict = "failed" if "failed" in verdicts else "degraded" if "degraded" in verdicts else "healthy"
-    if len(verdicts) < len(diags) or "unreadable" in verdicts:  # a node read nothing: no healthy from nothing
-        verdict = "failed" if verdict == "failed" else "unreadable"
+    verdict = rpt.service_verdict([c.verdict if c is not None else None for c in combined])
     code = int(DiagnoseExit.UNREADABLE) if verdict == "unreadable" else int(rpt.exit_code(verdict))
     if as_json:
         output.emit_json({"command": "diagnose", "exit_code": code, "service": name, "verdict": verdict,

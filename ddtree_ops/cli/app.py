@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 import sys
+from types import UnionType
+from typing import Union, get_args, get_origin
 
 # Plain help text: rich-rendered help costs ~0.25 s per `--help` (importing and laying out rich),
 # more than the whole rest of start-up. TYPER_USE_RICH=1 brings it back.
@@ -70,15 +72,38 @@ def _root(
 def _skip_pydantic_for_unset_flags() -> None:
     """Typer 0.29 coerces every parameter through a pydantic TypeAdapter, including the root
     group's unset --help flag on every subcommand call; importing pydantic for that costs ~0.1 s
-    per invocation. An unset boolean flag needs no coercion: it is False."""
+    per invocation. An unset boolean flag needs no coercion: it is False. A plain string option
+    (`str`, `str | None`, no parser or click type) needs none either: its value is the string typed
+    (or None), so it gets a pass-through coercion and `diagnose --log FILE` never imports pydantic
+    (issue 31: start-up)."""
     param = getattr(typer.core, "_TyperParameter", None)
     original = getattr(param, "process_value", None)
     if param is None or original is None:
         return
+    try:
+        from typer._coercion import RuntimeParam  # typer 0.29's coercion contract (no pydantic behind it)
+    except ImportError:  # another typer: every parameter keeps its own coercion
+        passthrough = None
+    else:
+        class PlainString(RuntimeParam):  # type: ignore[misc]
+            def _coerce_value(self, value: object, param: object, ctx: object) -> object:
+                return value if isinstance(value, str) else str(value)
+
+        passthrough = PlainString
+
+    def plain_string(desc: object) -> bool:
+        ann = getattr(desc, "annotation", None)
+        info = getattr(desc, "parameter_info", None)
+        if info is None or getattr(info, "parser", None) is not None or getattr(info, "click_type", None) is not None:
+            return False
+        return ann is str or (get_origin(ann) in (Union, UnionType) and set(get_args(ann)) == {str, type(None)})
 
     def process_value(self: object, ctx: object, value: object) -> object:
-        if value is None and getattr(getattr(self, "type_descriptor", None), "annotation", None) is bool:
+        desc = getattr(self, "type_descriptor", None)
+        if value is None and getattr(desc, "annotation", None) is bool:
             value = False
+        elif passthrough is not None and getattr(self, "_runtime_param", 0) is None and plain_string(desc):
+            self._runtime_param = passthrough(parameter_info=desc.parameter_info, annotation=desc.annotation)  # type: ignore[attr-defined]
         return original(self, ctx, value)
 
     param.process_value = process_value

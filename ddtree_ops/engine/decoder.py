@@ -66,8 +66,10 @@ class Decoder:
     def __init__(self, model: Any, drafter: Drafter | None = None, *, budget: int = 16,
                  sampling: SamplingParams | None = None, sampler: Sampler | None = None,
                  builder: str = "heap", shadow_share: float = 1.0, shadow_seed: int = 0,
-                 eos_token_id: int | None = None, hidden_layers: tuple[int, ...] = ()) -> None:
+                 eos_token_id: int | None = None, hidden_layers: tuple[int, ...] = (),
+                 spine: bool | None = None) -> None:
         self.model, self.drafter, self.budget = model, drafter, int(budget)
+        self.spine = spine            # the spine tree, the plain one, or None: the default for B and L
         self.sampling = sampling or SamplingParams()
         self.sampling.validate()
         self.sampler = sampler
@@ -92,7 +94,7 @@ class Decoder:
             return build_chain(draft_topk(draft_logits.to(self.device), 1), root).to("cpu")
         top = draft_topk(draft_logits.to(self.device), budget_topk(self.budget, draft_logits.shape[-1]))
         build = build_tree_heap if self.builder == "heap" else build_tree_vectorized
-        return build(top, self.budget, root).to("cpu")
+        return build(top, self.budget, root, spine=self.spine).to("cpu")
 
     def _verify(self, tree: Tree, cache: Any, start: int, keep: bool) -> VerifyResult:
         return verify(self.model, cache, tree, start, self.sampling, self.sampler, keep=keep,

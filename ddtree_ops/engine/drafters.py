@@ -110,14 +110,15 @@ class OracleDrafter:
     """Knows a reference continuation; puts the true token at rank 0, or with probability
     `swap` at rank 1 behind a decoy. Deterministic per (context length, depth), so every mode
     sees the same drafts. For tests: it makes trees accept through siblings (rank > 0 nodes),
-    which exercises deep walks and the non-contiguous KV compaction path."""
+    which exercises deep walks and the non-contiguous KV compaction path. `margin`: the logit
+    gap between ranks 0 and 1 (a small one makes a best-first tree bushy and shallow)."""
 
     needs_hidden = False
 
     def __init__(self, reference: list[int], vocab_size: int, horizon: int = 6, swap: float = 0.3,
-                 seed: int = 0) -> None:
+                 seed: int = 0, margin: float = 1.0) -> None:
         self.reference, self.vocab_size, self.horizon = list(reference), int(vocab_size), horizon
-        self.swap, self.seed = swap, seed
+        self.swap, self.seed, self.margin = swap, seed, margin
 
     def draft(self, context: list[int], hidden: torch.Tensor | None = None) -> torch.Tensor:
         logits = torch.zeros((self.horizon, self.vocab_size))
@@ -128,5 +129,5 @@ class OracleDrafter:
             decoy = (truth + 1 + rng.randrange(self.vocab_size - 1)) % self.vocab_size
             first, second = (decoy, truth) if rng.random() < self.swap else (truth, decoy)
             logits[d, first] = 8.0
-            logits[d, second] = 7.0
+            logits[d, second] = 8.0 - self.margin
         return logits

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ddtree_ops.engine.tree_shape import SPINE_BONUS, spine_for
 from ddtree_ops.treestats import INCONCLUSIVE, KEEP_CHAIN, PROMOTE, Counters, ModeSums, Verdict, bs_bucket, verdict
 
 if TYPE_CHECKING:       # the accounting itself runs on lists: no torch needed to import it
@@ -343,8 +344,9 @@ class OnlineShadow:
 
     def __init__(self, budget: int, horizon: int, report_every: int = 200,
                  on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None,
-                 cost_source: str = "", alpha: float = 0.05, mode: str = "shadow") -> None:
+                 cost_source: str = "", alpha: float = 0.05, mode: str = "shadow", spine: bool | None = None) -> None:
         self.budget, self.horizon, self.report_every = budget, horizon, max(1, report_every)
+        self.spine = spine              # the tree a served tree would be: `heap_tree(..., self.spine)`
         self.cost_ratio, self.cost_source = cost_ratio, cost_source
         self.min_rounds, self.alpha, self.mode = min_rounds, alpha, mode
         self.tally = BoundTally(horizon, min_rounds=min_rounds, cost_ratio=cost_ratio)
@@ -407,7 +409,7 @@ class OnlineShadow:
         cands, acc, bon = _rows(candidates), _rows(accept_len), _rows(bonus)
         bounds = []
         for b, row in enumerate(cands):
-            children, _ranks = heap_tree(toks[b], scores[b], self.budget)
+            children, _ranks = heap_tree(toks[b], scores[b], self.budget, self.spine)
             bounds.append(self.observe_row(children, row, int(acc[b]), int(bon[b])))
         return bounds
 
@@ -438,27 +440,31 @@ def _rows(x: Any) -> list[Any]:
     return x.tolist() if hasattr(x, "tolist") else list(x)
 
 
-def heap_tree(tok: list[list[int]], sc: list[list[int]], budget: int) -> tuple[list[dict[int, int]], list[int]]:
+def heap_tree(tok: list[list[int]], sc: list[list[int]], budget: int,
+              spine: bool | None = None) -> tuple[list[dict[int, int]], list[int]]:
     """`build_tree_heap` on plain lists: the same heap, the same pop order and node numbering,
-    without the tensors (the serving path runs it for every sampled row, where tensor
-    construction cost more than the heap). Returns each node's children (token -> node) and each
-    node's rank at its depth (root: 0)."""
+    the same shape (`spine`; None: the default there, `tree_shape.spine_for`), without the tensors
+    (the serving path runs it for every sampled row, where tensor construction cost more than the
+    heap). Returns each node's children (token -> node) and each node's rank at its depth (root: 0)."""
     depth = len(tok)
+    spine = spine_for(budget, depth, spine)
     k = len(tok[0]) if depth else 0
     children: list[dict[int, int]] = [{}]
     ranks = [0]
-    scores = [0]
-    heap = [(-sc[0][0], 1, 0, 0)] if budget > 0 and depth > 0 and k > 0 else []
+    keys = [SPINE_BONUS if spine else 0]
+    on_spine = [spine]
+    heap = [(-(keys[0] + sc[0][0]), 1, 0, 0)] if budget > 0 and depth > 0 and k > 0 else []
     push, pop = heapq.heappush, heapq.heappop
-    while heap and len(scores) - 1 < budget:
+    while heap and len(keys) - 1 < budget:
         neg, d, p, r = pop(heap)
-        node = len(scores)
+        node = len(keys)
         children.append({})
         children[p][tok[d - 1][r]] = node
-        scores.append(-neg)
+        keys.append(-neg)
         ranks.append(r)
+        on_spine.append(on_spine[p] and r == 0)
         if r + 1 < k:
-            push(heap, (-(scores[p] + sc[d - 1][r + 1]), d, p, r + 1))
+            push(heap, (-(keys[p] + sc[d - 1][r + 1] - (SPINE_BONUS if on_spine[p] else 0)), d, p, r + 1))
         if d < depth:
             push(heap, (neg - sc[d][0], d + 1, node, 0))
     return children, ranks
@@ -476,9 +482,9 @@ def spine_bound(children: list[dict[int, int]], chain: list[int], accepted: int,
 
 
 def heap_spine_bound(tok: list[list[int]], sc: list[list[int]], budget: int, chain: list[int],
-                     accepted: int, bonus: int) -> tuple[int, int]:
+                     accepted: int, bonus: int, spine: bool | None = None) -> tuple[int, int]:
     """`spine_lower_bound(build_tree_heap(...), ...)` on plain lists. Returns (bound, tree size)."""
-    children, _ranks = heap_tree(tok, sc, budget)
+    children, _ranks = heap_tree(tok, sc, budget, spine)
     return spine_bound(children, chain, accepted, bonus), len(children)
 
 

@@ -1,8 +1,14 @@
-"""The DDTree draft tree: the B best prefixes under the per-depth independence surrogate.
+"""The DDTree draft tree: the draft's top-1 chain (the spine), then the best prefixes under the
+per-depth independence surrogate.
 
 The drafter gives one distribution per future position (depth 1..L). A path's surrogate score is
-the sum of its per-depth log-probs; the tree is the B highest-scoring prefixes, which is
-prefix-closed because log-probs are <= 0. Two builds return the same tree, node for node:
+the sum of its per-depth log-probs. The plain best-first tree (`spine=False`) is the B
+highest-scoring prefixes, which is prefix-closed because log-probs are <= 0; it need not hold the
+chain, and a good draft's long chain can beat it. The spine tree (`spine=True`, the default,
+`tree_shape.SPINE`, for B >= L) holds the chain to depth min(B, L) and spends the rest of the
+budget best-first, so under greedy decoding it accepts at least what the chain accepts on every
+round (B >= L; below that it is the chain cut at depth B, and the default there is the plain tree,
+`tree_shape.spine_for`). Every build returns the same tree, node for node, in either shape:
 
 - `build_tree_heap`: best-first heap on the host, in the reference's style (one device-to-host
   copy of the L x K top-k table, then B pops).
@@ -19,10 +25,13 @@ builds (and any device) order ties identically; float sums would let rounding pi
 members of a tied set on the host and on the GPU. Ties are broken by a total order that both
 builds can compute cheaply: score descending, then depth ascending, then the parent's position
 in this order, then the token's rank at its depth. Under it every node's parent and previous
-sibling come before it, which is what makes the heap and the beam exact.
+sibling come before it, which is what makes the heap and the beam exact. The spine tree uses the
+same order on keys that carry `SPINE_BONUS` along the spine (`tree_shape` says why it is exact):
+the spine first, in depth order, then the rest in the plain order.
 
 Node 0 is the root: the bonus token, already chosen, not yet in the target's KV cache.
-Nodes 1..n follow in that total order, so a parent always has a smaller index than its children.
+Nodes 1..n follow in that total order, so a parent always has a smaller index than its children;
+in a spine tree nodes 1..min(B, L) are the spine.
 """
 
 from __future__ import annotations
@@ -34,10 +43,21 @@ from typing import Any
 
 import torch
 
-from ddtree_ops.engine.tree_shape import LP_FLOOR, MAX_BUDGET, MAX_DEPTH, SCORE_BITS, budget_topk, staircase_pairs
+from ddtree_ops.engine.tree_shape import (
+    LP_FLOOR,
+    MAX_BUDGET,
+    MAX_DEPTH,
+    SCORE_BITS,
+    SPINE,
+    SPINE_BONUS,
+    budget_topk,
+    spine_for,
+    staircase_pairs,
+)
 
-__all__ = ["SCORE_BITS", "LP_FLOOR", "MAX_DEPTH", "MAX_BUDGET", "INVALID", "DraftTopK", "Tree", "TreeBuilder",
-           "budget_topk", "staircase_pairs", "quantize_logprobs", "log_probs", "order_keys", "topk_of_logprobs",
+__all__ = ["SCORE_BITS", "LP_FLOOR", "MAX_DEPTH", "MAX_BUDGET", "SPINE", "SPINE_BONUS", "INVALID", "DraftTopK", "Tree",
+           "TreeBuilder",
+           "budget_topk", "spine_for", "staircase_pairs", "quantize_logprobs", "log_probs", "order_keys", "topk_of_logprobs",
            "topk_logprobs", "draft_topk", "ancestor_matrix", "build_tree_heap", "select_tree", "fused_available",
            "build_tree_vectorized", "draft_topk_fused", "build_tree_fused", "build_chain"]
 
@@ -141,6 +161,15 @@ class Tree:
                 kids[p][t] = i
         return kids
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Per node, the drafted tokens from the root's child down to it (the root: none): the
+        context a target sees after the root at that node."""
+        toks, parents = self.tokens.tolist(), self.parents.tolist()
+        out: list[tuple[int, ...]] = [()]
+        for i in range(1, self.size):            # parents come first
+            out.append(out[parents[i]] + (toks[i],))
+        return out
+
     def visibility(self) -> torch.Tensor:
         return ancestor_matrix(self.parents, int(self.depths.max()))
 
@@ -181,17 +210,21 @@ def ancestor_matrix(parents: torch.Tensor, max_depth: int | None = None) -> torc
 # the host heap (reference style)
 
 
-def build_tree_heap(top: DraftTopK, budget: int, root_token: int) -> Tree:
-    """Best-first heap over prefixes; includes the device-to-host copy of the top-k table."""
+def build_tree_heap(top: DraftTopK, budget: int, root_token: int, spine: bool | None = None) -> Tree:
+    """Best-first heap over prefixes; includes the device-to-host copy of the top-k table.
+    `spine`: the chain first (its keys carry `SPINE_BONUS`; a rank > 0 child of a spine node
+    drops it), then best-first; None: the default for this budget and depth (`spine_for`)."""
     if budget > MAX_BUDGET:
         raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
+    spine = spine_for(budget, top.depth, spine)
     tok = top.tokens.tolist()
     sc = top.scores.tolist()
     depth, k = top.depth, top.k
-    tokens, parents, depths, ranks, scores = [int(root_token)], [-1], [0], [0], [0]
+    tokens, parents, depths, ranks = [int(root_token)], [-1], [0], [0]
+    keys, on_spine = [SPINE_BONUS if spine else 0], [spine]
     heap: list[tuple[int, int, int, int]] = []
     if budget > 0 and depth > 0 and k > 0:
-        heap.append((-sc[0][0], 1, 0, 0))      # (-score, depth, parent index, rank)
+        heap.append((-(keys[0] + sc[0][0]), 1, 0, 0))      # (-key, depth, parent index, rank)
     while heap and len(tokens) - 1 < budget:
         neg, d, p, r = heapq.heappop(heap)
         node = len(tokens)
@@ -199,9 +232,11 @@ def build_tree_heap(top: DraftTopK, budget: int, root_token: int) -> Tree:
         parents.append(p)
         depths.append(d)
         ranks.append(r)
-        scores.append(-neg)
+        keys.append(-neg)
+        on_spine.append(on_spine[p] and r == 0)
         if r + 1 < k:
-            heapq.heappush(heap, (-(scores[p] + sc[d - 1][r + 1]), d, p, r + 1))
+            leave = SPINE_BONUS if on_spine[p] else 0
+            heapq.heappush(heap, (-(keys[p] + sc[d - 1][r + 1] - leave), d, p, r + 1))
         if d < depth:
             heapq.heappush(heap, (neg - sc[d][0], d + 1, node, 0))
     as_t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
@@ -213,12 +248,15 @@ def build_tree_heap(top: DraftTopK, budget: int, root_token: int) -> Tree:
 
 
 @lru_cache(maxsize=64)
-def _pair_table(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    pos, rank = staircase_pairs(budget, k)
+def _pair_table(budget: int, k: int, device: str,
+                spine: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    pos, rank = staircase_pairs(budget, k, spine)
     pi = torch.tensor(pos, dtype=torch.int64, device=device)
     pr = torch.tensor(rank, dtype=torch.int64, device=device)
     low = _LOW_MASK - (pi * k + pr)       # earlier parent, then better rank, wins a tie
-    return pi, pr, low
+    # beam position 0 is the spine node (its key is the largest): its rank > 0 children leave it
+    leave = ((pi == 0) & (pr > 0)).to(torch.int64) * (SPINE_BONUS if spine else 0)
+    return pi, pr, low, leave
 
 
 def _top(keys: torch.Tensor, width: int, how: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -231,7 +269,8 @@ def _top(keys: torch.Tensor, width: int, how: str) -> tuple[torch.Tensor, torch.
     return best.values, best.indices
 
 
-def select_tree(scores: torch.Tensor, tokens: torch.Tensor, budget: int, how: str = "topk") -> tuple[torch.Tensor, ...]:
+def select_tree(scores: torch.Tensor, tokens: torch.Tensor, budget: int, how: str = "topk",
+                spine: bool | None = None) -> tuple[torch.Tensor, ...]:
     """The budget's nodes as padded device tensors: (tokens, parents, depths, ranks, valid), each [B].
 
     Node i of the result is tree node i + 1 (the root is not included). Invalid slots (fewer
@@ -239,15 +278,17 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, budget: int, how: st
     """
     depth, k = int(scores.shape[0]), int(scores.shape[1])
     device = scores.device
-    pi, pr, low = _pair_table(budget, k, str(device))
+    spine = spine_for(budget, depth, spine)
+    pi, pr, low, leave = _pair_table(budget, k, str(device), spine)
     width = min(budget, int(pi.shape[0]))
-    # the root's empty prefix (score 0) then empty slots; built without a host-to-device copy
-    beam = torch.where(torch.arange(budget, device=device) == 0, 0, INVALID)
+    # the root's empty prefix (score 0, plus the bonus when it heads the spine) then empty
+    # slots; built without a host-to-device copy
+    beam = torch.where(torch.arange(budget, device=device) == 0, SPINE_BONUS if spine else 0, INVALID)
     rec_score = torch.full((depth, budget), INVALID, dtype=torch.int64, device=device)
     rec_parent = torch.zeros((depth, budget), dtype=torch.int64, device=device)
     rec_rank = torch.zeros((depth, budget), dtype=torch.int64, device=device)
     for d in range(depth):
-        cand = (beam[pi] + scores[d][pr]).clamp_min_(INVALID)
+        cand = (beam[pi] + scores[d][pr] - leave).clamp_min_(INVALID)
         values, indices = _top(cand * _LOW_SCALE + low, width, how)
         beam = torch.full_like(beam, INVALID) if width < budget else beam
         beam[:width] = torch.div(values, _LOW_SCALE, rounding_mode="floor")
@@ -301,19 +342,22 @@ def _tree_from_nodes(nodes: dict[str, torch.Tensor]) -> Tree:
     return Tree(*(nodes[key][:n] for key in ("tokens", "parents", "depths", "ranks")))
 
 
-def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int, fused: bool | None = None) -> Tree:
+def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int, fused: bool | None = None,
+                          spine: bool | None = None) -> Tree:
     """The same tree as `build_tree_heap`, built on the tensors' device; one sync to trim.
 
     `fused=None` takes the Triton selection kernel where it runs (CUDA), PyTorch ops elsewhere."""
     if budget > MAX_BUDGET:
         raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
     device = top.tokens.device
+    spine = spine_for(budget, top.depth, spine)
     root = lambda v: torch.tensor([v], dtype=torch.int64, device=device)  # noqa: E731
     if budget <= 0 or top.depth == 0 or top.k == 0:
         return Tree(root(root_token), root(-1), root(0), root(0))
     if fused if fused is not None else (device.type == "cuda" and fused_available(device)):
-        return _tree_from_nodes(_kernels().select_nodes(top.scores, top.tokens, budget, root(root_token)))
-    tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, budget)
+        return _tree_from_nodes(_kernels().select_nodes(top.scores, top.tokens, budget, root(root_token),
+                                                        spine=spine))
+    tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, budget, spine=spine)
     n = int(valid.sum())                  # valid slots are a prefix (they sort first)
     return Tree(torch.cat([root(root_token), tokens[:n]]), torch.cat([root(-1), parents[:n]]),
                 torch.cat([root(0), depths[:n]]), torch.cat([root(0), ranks[:n]]))
@@ -330,19 +374,19 @@ def draft_topk_fused(draft_logits: torch.Tensor, k: int) -> DraftTopK:
     return DraftTopK(tokens=tokens, scores=scores)
 
 
-def build_tree_fused(draft_logits: torch.Tensor, budget: int, root_token: int) -> Tree:
+def build_tree_fused(draft_logits: torch.Tensor, budget: int, root_token: int, spine: bool | None = None) -> Tree:
     """Draft logits [L, V] to the tree with the Triton kernels (CUDA); same tree as
-    `build_tree_heap(draft_topk(draft_logits, K), budget, root_token)`. One sync, to trim."""
+    `build_tree_heap(draft_topk(draft_logits, K), budget, root_token, spine)`. One sync, to trim."""
     if budget > MAX_BUDGET:
         raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
     top = draft_topk_fused(draft_logits, budget_topk(budget, int(draft_logits.shape[-1])))
-    return build_tree_vectorized(top, budget, root_token, fused=True)
+    return build_tree_vectorized(top, budget, root_token, fused=True, spine=spine)
 
 
 def build_chain(top: DraftTopK, root_token: int) -> Tree:
     """DFlash-linear: the rank-0 token at every depth. A tree with one child per node."""
     chain_top = DraftTopK(tokens=top.tokens[:, :1], scores=top.scores[:, :1])
-    return build_tree_heap(chain_top, top.depth, root_token)
+    return build_tree_heap(chain_top, top.depth, root_token, spine=False)
 
 
 class TreeBuilder:
@@ -355,15 +399,17 @@ class TreeBuilder:
     selection's top-B by `torch.topk` or `torch.sort`), or "auto": fused where it runs (CUDA
     with Triton), else "topk". Every variant gives the same outputs; invalid slots (fewer than
     B prefixes exist, tiny vocabularies only) are flagged by `valid` and differ in content.
+    `spine`: the spine tree or the plain best-first one; None: the default for B and L (`spine_for`).
     """
 
     def __init__(self, depth: int, vocab: int, budget: int, device: torch.device | str,
-                 logits_dtype: torch.dtype = torch.bfloat16, how: str = "auto") -> None:
+                 logits_dtype: torch.dtype = torch.bfloat16, how: str = "auto", spine: bool | None = None) -> None:
         if how not in ("auto", "fused", "topk", "sort"):
             raise ValueError(f"how must be auto, fused, topk or sort, got {how!r}")
         if how == "auto":
             how = "fused" if torch.device(device).type == "cuda" and fused_available(device) else "topk"
         self.depth, self.vocab, self.budget, self.how = depth, vocab, budget, how
+        self.spine = spine_for(budget, depth, spine)
         self.k = budget_topk(budget, vocab)
         self.device = torch.device(device)
         self.logits = torch.zeros((depth, vocab), dtype=logits_dtype, device=self.device)
@@ -381,10 +427,12 @@ class TreeBuilder:
         if self.how == "fused":
             kernels = _kernels()
             tokens, scores = kernels.topk_rows(self.logits, self.k, self.counters, clear=self.vis)
-            self.out = kernels.select_nodes(scores, tokens, self.budget, self.root_token, vis=self.vis)
+            self.out = kernels.select_nodes(scores, tokens, self.budget, self.root_token, vis=self.vis,
+                                            spine=self.spine)
             return
         top = draft_topk(self.logits, self.k)
-        tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, self.budget, self.how)
+        tokens, parents, depths, ranks, valid = select_tree(top.scores, top.tokens, self.budget, self.how,
+                                                            spine=self.spine)
         zero = torch.zeros(1, dtype=torch.int64, device=self.device)
         all_parents = torch.cat([zero - 1, parents])
         self.out = {

@@ -28,7 +28,9 @@ Three kernels, one launch each, no host synchronisation (CUDA-graph safe):
    order, is the node list; parents are mapped through a (depth, beam position) -> node table,
    and the visibility (j is i or an ancestor of i) is marked by walking every node's parents
    up at once, in a buffer that the filter kernel's programs zeroed. A kernel of its own for
-   it cost more in launch than in work.
+   it cost more in launch than in work. SPINE (the spine tree, `tree_shape`): the root's key
+   carries `SPINE_BONUS`, beam position 0 is then always the spine node, and a candidate
+   (0, r > 0) drops the bonus; the pair table is the spine's staircase.
 
 Keys are int64 and unique, so bitonic sorts (unstable) give exactly one answer.
 """
@@ -43,12 +45,13 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_ops.engine.tree_shape import staircase_pairs
+from ddtree_ops.engine.tree_shape import SPINE_BONUS, spine_for, staircase_pairs
 
 _MINK = tl.constexpr(-(2 ** 63))     # below every key: padding
 _MAXK = tl.constexpr(2 ** 63 - 1)
 _TIE = tl.constexpr(1 << 23)         # selection keys: score * 2**23 + tie bits
 _HALF = tl.constexpr(1 << 22)        # tie bits >= HALF: an entry of G (old position); below: a candidate (i * K + r)
+_BONUS = tl.constexpr(SPINE_BONUS)   # a spine node's key bonus
 
 
 @triton.jit
@@ -216,19 +219,21 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                    SURV, META, BEAM, NODE_OF, VIS,
                    L, K, B,
                    BP: tl.constexpr, LOGBP: tl.constexpr, CB: tl.constexpr, NP: tl.constexpr,
-                   W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, WITH_VIS: tl.constexpr):
+                   W1: tl.constexpr, W2: tl.constexpr, W3: tl.constexpr, WITH_VIS: tl.constexpr,
+                   SPINE_TREE: tl.constexpr):
     ob = tl.arange(0, BP)
     oc = tl.arange(0, CB)
     pi0 = tl.load(PI + oc)          # the first chunk of the pair table: loaded once
     pr0 = tl.load(PR + oc)
     neg = -(2 ** 62)
     nmax = L * BP                   # node ids < L * B: META is [4, L * BP] (depth, position, parent position, rank)
-    tl.store(BEAM + ob, tl.where(ob == 0, 0, neg).to(tl.int64))
+    root_key = _BONUS if SPINE_TREE else 0          # the root heads the spine
+    tl.store(BEAM + ob, tl.where(ob == 0, root_key, neg).to(tl.int64))
     # G: the best B nodes so far, keys sorted descending, in registers. A node's key is
     # score * 2**23 + HALF + (HALF - 1 - id), ids given in (depth, position) order, so equal
     # scores order exactly as (depth, parent position, rank); the key never changes.
     G = tl.full([BP], _MINK, tl.int64)
-    bs = tl.where(ob == 0, 0, neg).to(tl.int64)
+    bs = tl.where(ob == 0, root_key, neg).to(tl.int64)
     o2 = tl.arange(0, 2 * BP)
     plen = tl.load(PLEN + o2, mask=o2 <= BP, other=0)
     nb = 1          # beam entries at the current depth (the root)
@@ -263,6 +268,8 @@ def _select_kernel(S, T, stride_st, PI, PR, PLEN, ROOT,
                     r = tl.load(PR + o, mask=m, other=0)
                     sr = tl.load(srow + r, mask=m, other=0)
                 sc = tl.load(BEAM + i, mask=m, other=0) + sr
+                if SPINE_TREE:      # position 0 is the spine node: its rank > 0 children leave it
+                    sc = sc - tl.where((i == 0) & (r > 0), _BONUS, 0).to(tl.int64)
                 m = m & (sc > tau)
                 cnt = tl.sum(m.to(tl.int32), axis=0)
                 if cnt > 0:
@@ -438,10 +445,10 @@ def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None,
 
 
 @functools.lru_cache(maxsize=64)
-def pair_tables(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pair_tables(budget: int, k: int, device: str, spine: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`tree_shape.staircase_pairs` as int32 tables; PLEN[n] is the number of pairs with i < n
     (n = 0..BP)."""
-    pi, pr = staircase_pairs(budget, k)
+    pi, pr = staircase_pairs(budget, k, spine)
     bp = max(2, next_pow2(budget))
     plen = [bisect.bisect_left(pi, n) for n in range(bp + 1)]
     pad = min(1024, max(16, next_pow2(len(pi)))) - len(pi)      # whole first chunk (CB) readable
@@ -452,15 +459,18 @@ def pair_tables(budget: int, k: int, device: str) -> tuple[torch.Tensor, torch.T
 
 
 def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: torch.Tensor,
-                 vis: torch.Tensor | None = None, num_warps: int | None = None) -> dict[str, torch.Tensor]:
+                 vis: torch.Tensor | None = None, num_warps: int | None = None,
+                 spine: bool | None = None) -> dict[str, torch.Tensor]:
     """Tree nodes 0..B (0 = root) from the [L, K] top-k table: tokens, parents, depths, ranks,
     valid; invalid slots (fewer than B prefixes exist) come last with parent -1 and see only
     themselves. `vis`: a zeroed int8 buffer (`vis_bytes(B)`, cleared by `topk_rows(clear=)`)
-    that receives the ancestor-only mask, returned as "visibility", bool [B + 1, B + 1]."""
+    that receives the ancestor-only mask, returned as "visibility", bool [B + 1, B + 1].
+    `spine`: the spine tree or the plain best-first one; None: the default (`tree_shape.spine_for`)."""
     depth, k = int(scores.shape[0]), int(scores.shape[1])
     dev = scores.device
+    spine = spine_for(budget, depth, spine)
     bp = max(2, next_pow2(budget))
-    pi, pr, plen = pair_tables(budget, k, str(dev))
+    pi, pr, plen = pair_tables(budget, k, str(dev), spine)
     scores = scores.contiguous()
     tokens = tokens.to(torch.int64).contiguous()
     n = budget + 1
@@ -477,7 +487,7 @@ def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: 
                          surv, meta, beam, node_of, vis if vis is not None else valid,
                          depth, k, budget, BP=bp, LOGBP=bp.bit_length() - 1, CB=cb, NP=next_pow2(n),
                          W1=min(bp, 32), W2=min(bp, 64), W3=min(bp, 128), WITH_VIS=vis is not None,
-                         num_warps=num_warps or _warps(2 * bp))
+                         SPINE_TREE=bool(spine), num_warps=num_warps or _warps(2 * bp))
     out["valid"] = valid.view(torch.bool)
     if vis is not None:
         out["visibility"] = vis[: n * n].view(n, n).view(torch.bool)

@@ -56,6 +56,21 @@ def test_shadow_ledger_bounds_and_figures(tiny, ar_greedy) -> None:
     assert res.target_forwards == 2 * res.rounds
 
 
+@pytest.mark.parametrize("builder", ["heap", "vector"])
+def test_every_round_the_spine_tree_commits_at_least_the_chain(tiny, ar_greedy, builder: str) -> None:
+    """End to end: the shadow commits the chain and verifies the tree from the same draft on every
+    round, so each record pairs the two on one round. Two near-equal candidates a depth make a
+    best-first tree of 10 bushy and 3 deep; the spine tree still holds the 6-deep chain."""
+    flat = OracleDrafter(PROMPT + ar_greedy, 96, horizon=6, swap=0.2, seed=4, margin=0.1)
+    res = Decoder(tiny, flat, budget=10, builder=builder).generate(PROMPT, 48, "shadow")
+    assert res.tokens == ar_greedy
+    pairs = [(r.tree_tokens, r.chain_tokens) for r in res.ledger.records]
+    assert pairs and all(t is not None and t >= c for t, c in pairs), pairs
+    assert any(t > c for t, c in pairs)                            # and gains through siblings
+    plain = Decoder(tiny, flat, budget=10, builder=builder, spine=False).generate(PROMPT, 48, "shadow")
+    assert any(r.tree_tokens < r.chain_tokens for r in plain.ledger.records)   # what the spine prevents
+
+
 def test_shadow_share_zero_verifies_no_tree(tiny, ar_greedy) -> None:
     oracle = OracleDrafter(PROMPT + ar_greedy, 96, horizon=6, swap=0.35)
     res = Decoder(tiny, oracle, budget=24, shadow_share=0.0).generate(PROMPT, 48, "shadow")

@@ -1,4 +1,5 @@
-"""The Triton tree-build kernels give the heap's tree, run on the CPU by Triton's interpreter.
+"""The Triton tree-build kernels give the heap's tree, in both shapes (the spine tree and the
+plain best-first one), run on the CPU by Triton's interpreter.
 
 The kernels are what the GPU path runs (CUDA graphs in `TreeBuilder(how="fused")`); the same
 source runs here under TRITON_INTERPRET=1, which Triton reads when a kernel is decorated, so the
@@ -32,25 +33,35 @@ CHILD = textwrap.dedent('''
         if case["ties"]:
             logits = logits.round()              # many exactly equal log-probs in every row
         k = T.budget_topk(case["B"], case["V"])
-        ref = T.build_tree_heap(T.draft_topk(logits, k), case["B"], 7)
-        fused = T.build_tree_fused(logits, case["B"], 7)
         top_ref, top_fused = T.draft_topk(logits, k), T.draft_topk_fused(logits, k)
-        builder = T.TreeBuilder(case["L"], case["V"], case["B"], "cpu", logits_dtype=torch.float32, how="fused")
-        builder.root_token.fill_(7)
-        for x in (torch.randn(case["L"], case["V"], generator=g), logits):   # the second build reuses
-            builder.logits.copy_(x)                                           # the first's counters and visibility buffer
-            builder._run()
-        n = ref.size
-        out = builder.out
-        results.append({
-            "case": case,
-            "topk_same": torch.equal(top_ref.tokens, top_fused.tokens) and torch.equal(top_ref.scores, top_fused.scores),
-            "tree_same": all(torch.equal(getattr(ref, f), getattr(fused, f)) for f in ("tokens", "parents", "depths", "ranks")),
-            "builder_same": torch.equal(out["tokens"][:n], ref.tokens) and torch.equal(out["parents"][:n], ref.parents),
-            "visibility_same": torch.equal(out["visibility"][:n, :n], ref.visibility()),
-            "nodes": n,
-            "stats_vs_torch": float((T.log_probs(logits) - torch.log_softmax(logits, -1)).abs().max()),
-        })
+        row = {"case": case, "nodes": {}, "differs": False,
+               "topk_same": torch.equal(top_ref.tokens, top_fused.tokens) and torch.equal(top_ref.scores, top_fused.scores),
+               "stats_vs_torch": float((T.log_probs(logits) - torch.log_softmax(logits, -1)).abs().max())}
+        trees = {}
+        for spine in (True, False):
+            ref = T.build_tree_heap(top_ref, case["B"], 7, spine=spine)
+            # one shape from logits, the other from the same fused top-K (the interpreter is slow)
+            fused = (T.build_tree_fused(logits, case["B"], 7, spine=spine) if spine else
+                     T.build_tree_vectorized(top_fused, case["B"], 7, fused=True, spine=spine))
+            builder = T.TreeBuilder(case["L"], case["V"], case["B"], "cpu", logits_dtype=torch.float32, how="fused",
+                                    spine=spine)
+            builder.root_token.fill_(7)
+            for x in (torch.randn(case["L"], case["V"], generator=g), logits):   # the second build reuses
+                builder.logits.copy_(x)                                           # the first's counters and visibility buffer
+                builder._run()
+            n = ref.size
+            out = builder.out
+            name = "spine" if spine else "plain"
+            row[name] = {
+                "tree_same": all(torch.equal(getattr(ref, f), getattr(fused, f)) for f in ("tokens", "parents", "depths", "ranks")),
+                "builder_same": torch.equal(out["tokens"][:n], ref.tokens) and torch.equal(out["parents"][:n], ref.parents),
+                "visibility_same": torch.equal(out["visibility"][:n, :n], ref.visibility()),
+            }
+            row["nodes"][name] = n
+            trees[name] = ref
+        row["differs"] = not torch.equal(trees["spine"].tokens, trees["plain"].tokens) or not torch.equal(
+            trees["spine"].parents, trees["plain"].parents)
+        results.append(row)
     print(json.dumps(results))
 ''')
 
@@ -73,12 +84,19 @@ def results() -> list[dict]:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("shape", ["spine", "plain"])
 @pytest.mark.parametrize("i", range(len(CASES)))
-def test_fused_kernels_build_the_heap_tree(results: list[dict], i: int) -> None:
+def test_fused_kernels_build_the_heap_tree(results: list[dict], i: int, shape: str) -> None:
     r = results[i]
     assert r["topk_same"], f"top-K kernel differs from torch.topk order on {r['case']}"
-    assert r["tree_same"], f"fused tree differs from the heap's on {r['case']}"
-    assert r["builder_same"] and r["visibility_same"], f"TreeBuilder(fused) differs on {r['case']}"
+    assert r[shape]["tree_same"], f"fused {shape} tree differs from the heap's on {r['case']}"
+    assert r[shape]["builder_same"] and r[shape]["visibility_same"], f"TreeBuilder(fused, {shape}) differs on {r['case']}"
+
+
+def test_the_cases_tell_the_two_shapes_apart(results: list[dict]) -> None:
+    """Where the plain tree already holds the chain both shapes are one tree; most cases here
+    are not like that, so a kernel that ignored the shape would fail above."""
+    assert sum(r["differs"] for r in results) >= 3
 
 
 def test_fused_log_softmax_matches_torch(results: list[dict]) -> None:
@@ -86,4 +104,4 @@ def test_fused_log_softmax_matches_torch(results: list[dict]) -> None:
 
 
 def test_a_budget_larger_than_the_prefix_space_gives_every_prefix(results: list[dict]) -> None:
-    assert results[4]["nodes"] == 1 + 3 + 9
+    assert results[4]["nodes"] == {"spine": 1 + 3 + 9, "plain": 1 + 3 + 9}
