@@ -52,8 +52,10 @@ def known_good_at_the_end(fleet: Any) -> Iterator[None]:
 
 
 
+# each host's stay-healthy window: these tests are about waves, budgets and interrupts, not the window
+# (test_deploy_lab holds that); the slow starts keep a wave running long enough to interrupt
 def deploy_args(test: str, *extra: str) -> list[str]:
-    return ["deploy", *extra, "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=3",
+    return ["deploy", *extra, "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=1",
             "--set", f"service.env.DDTREE_FLEET_TEST={test}-{RUN}"]
 
 
