@@ -4,13 +4,17 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-sglang-cpu.txt scripts/install.sh | sha256sum | cut -c1-12)
+# two pytest-xdist workers: the lab tests (mostly waiting on real systemd) in one, in file order, and every
+# other test file beside them; tests/conftest.py makes the groups and puts the lab's first
+WORKERS ?= 2
+XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install packages test test-fast test-lab demo bench golden lab-down clean help
 
 help:
 	@echo "make demo       bring up the lab (ct129, ct200) and tell the story with the tool itself"
 	@echo "make test       every test: unit, SSH, engine, lab (real systemd + sshd hosts)"
-	@echo "make test-fast  the tests that need no lab hosts"
+	@echo "make test-fast  the tests that need no lab hosts and are not slow (under 3 minutes)"
 	@echo "make packages   the lab's Debian packages (root installs them; otherwise the command is printed)"
 	@echo "make bench      benchmarks (figures go to BENCHMARKS.md by hand)"
 	@echo "make golden     refresh the golden unit files after an intended rendering change"
@@ -28,10 +32,10 @@ packages: install
 	@$(BIN)/python -m ddtree_ops.lab._sys packages
 
 test: packages
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(XDIST)
 
 test-fast: install
-	$(BIN)/python -m pytest -m "not lab"
+	$(BIN)/python -m pytest $(XDIST) -m "not lab and not slow"
 
 test-lab: packages
 	$(BIN)/python -m pytest -m lab

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -26,9 +27,39 @@ PORT = 30000
 # --------------------------------------------------------------------------- the CLI against the lab
 
 
+# The gate's stay-healthy window in the lab: the shipped profiles' 30 s made every rollback the CLI ran
+# (`rollback` takes no --set) wait half a minute. The window's own behaviour is tested with the lengths
+# each test gives (test_deploy_lab's crash inside the window); elsewhere a restart only needs to settle.
+LAB_STAY_S = 3
+
+
+def lab_profiles() -> Path:
+    """The shipped profiles, byte for byte but the window in defaults.yaml (so every file:line a message
+    cites is the shipped one's); made once per process."""
+    global _LAB_PROFILES
+    if _LAB_PROFILES is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        root = Path(tempfile.mkdtemp(prefix="ddtree-lab-profiles-"))
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+        shutil.copytree(REPO / "profiles", root / "profiles")
+        defaults = root / "profiles" / "defaults.yaml"
+        text, n = re.subn(r"(?m)^(  stay_healthy_s: )30$", rf"\g<1>{LAB_STAY_S}", defaults.read_text())
+        assert n == 1, "defaults.yaml's gate.stay_healthy_s is no longer 30: revisit LAB_STAY_S"
+        defaults.write_text(text)
+        _LAB_PROFILES = root / "profiles"
+    return _LAB_PROFILES
+
+
+_LAB_PROFILES: Path | None = None
+
+
 def env(lab: Any) -> dict[str, str]:
-    """The operator's environment for the lab: its ssh_config and inventory, the shipped profiles."""
-    return {**os.environ, **lab.env, "DDTREE_OPS_PROFILES": str(REPO / "profiles"), "NO_COLOR": "1"}
+    """The operator's environment for the lab: its ssh_config and inventory, the shipped profiles (with
+    the lab's stay window)."""
+    return {**os.environ, **lab.env, "DDTREE_OPS_PROFILES": str(lab_profiles()), "NO_COLOR": "1"}
 
 
 COMMAND = [sys.executable, "-m", "ddtree_ops"]  # `ddtree-ops`, from the tree under test
@@ -142,3 +173,26 @@ def back_to_baseline(lab: Any, host: str) -> None:
     if res.returncode == 3 and "no release has passed" in res.stderr:
         res = run(lab, "deploy", host, "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+# --------------------------------------------------------------------------- one worker drives the lab
+
+
+def second_lab_worker(run_dir: Path, worker: str | None) -> str | None:
+    """Under pytest-xdist every lab test runs in one worker (the lab group, tests/conftest.py). Were they
+    split, a second worker would wait on the lab lock for the first one's whole session, then drive the
+    lab again. The first worker to ask leaves its name in the run's own directory; a second one gets
+    the message that fails its run, naming both."""
+    if not worker:
+        return None
+    mark = run_dir / "lab-worker"
+    try:
+        with open(mark, "x") as fh:
+            fh.write(worker)
+        return None
+    except FileExistsError:
+        first = mark.read_text()
+    if first == worker:
+        return None
+    return (f"lab tests reached two xdist workers ({first} and {worker}): the lab group is not in effect "
+            "(`make test` runs `--dist loadgroup` with pytest 9.1, see pyproject.toml's test extra)")

@@ -33,6 +33,9 @@ FILE_FAULTS += ("rank-oom",)  # the last rank of the next start runs out of memo
 # the next start's served tree (mode ddtree) verifies under a broken mask: nodes off the spine see the
 # wrong ancestors, so the tree accepts little beyond the chain, well below what the shadow predicted
 FILE_FAULTS += ("tree-mask",)
+# faults that last a while: how long may be given (`NAME=SECONDS` in the file); without it the
+# stand-in's own length (16 s more loading; death 8 s after ready). Tests pass a shorter one.
+TIMED_FAULTS = ("slow-start", "crash-after-ready")
 PROCESS_FAULTS = ("port-busy", "stray-gpu-process", "stray-gpu-card1")
 # made real in the host's network namespace: its packets to every other lab host are dropped (as a
 # firewall that drops them does), so a multi-node rank there never reaches rank 0's rendezvous
@@ -237,17 +240,23 @@ def read_faults(paths: Paths, name: str) -> list[str]:
         return []
 
 
-def fault(name: str, fault_name: str, paths: Paths | None = None, *, every_start: bool = False) -> list[str]:
+def fault(name: str, fault_name: str, paths: Paths | None = None, *, every_start: bool = False,
+          seconds: float | None = None) -> list[str]:
     """Inject a fault or `clear` them all; returns the faults now set on the host.
 
     A file fault applies to the next start of the service only (the stand-in uses it up), so a
     rollback's own start is clean, as when a deploy broke something the known-good release does
     not touch; `every_start` keeps it for every start until cleared (a broken host). Process
-    faults (port-busy, stray-gpu-process) are real processes and last until `clear`."""
+    faults (port-busy, stray-gpu-process) are real processes and last until `clear`. `seconds`:
+    how long a timed fault lasts (TIMED_FAULTS), instead of the stand-in's default."""
     paths = paths or Paths.default()
     _sys.require_root()
     if fault_name != "clear" and fault_name not in FAULTS:
         raise UsageError(f"unknown fault {fault_name!r}; one of: {', '.join(FAULTS)}, clear")
+    if seconds is not None and fault_name not in TIMED_FAULTS:
+        raise UsageError(f"fault {fault_name!r} takes no length; only {', '.join(TIMED_FAULTS)} do")
+    if seconds is not None and not 0 < seconds <= 3600:
+        raise UsageError(f"fault {fault_name!r}: a length of {seconds:g} s is not in (0, 3600]")
     h, init = _host(paths, name)
     faults_file(paths, name).parent.mkdir(parents=True, exist_ok=True)
     current = read_faults(paths, name)
@@ -264,8 +273,9 @@ def fault(name: str, fault_name: str, paths: Paths | None = None, *, every_start
     if fault_name in NETWORK_FAULTS:
         for argv in machine.cut_argvs(h, on=True):
             _sys.run(argv, timeout=15, what=f"{name}: the {fault_name} fault")
-    entry = fault_name + (EVERY_START if every_start and fault_name in FILE_FAULTS else "")
-    current = [f for f in current if f.removesuffix(EVERY_START) != fault_name] + [entry]
+    entry = (fault_name + (f"={seconds:g}" if seconds is not None else "")
+             + (EVERY_START if every_start and fault_name in FILE_FAULTS else ""))
+    current = [f for f in current if f.removesuffix(EVERY_START).split("=")[0] != fault_name] + [entry]
     faults_file(paths, name).write_text("".join(f + "\n" for f in current))
     return current
 
@@ -369,8 +379,8 @@ class Lab:
     inventory                 the lab's Ansible inventory (groups lab, a6000, pro6000)
     address(host)             its address (10.200.0.N)
     connect(host)             the tool's own Host (ddtree_ops.ssh) over real SSH; a context manager
-    fault(host, name)         inject a fault for the next service start (every_start=True: every start);
-                              clear(host) removes all
+    fault(host, name)         inject a fault for the next service start (every_start=True: every start;
+                              seconds=S: how long slow-start / crash-after-ready last); clear(host) removes all
     load(host, plan)          traffic for the host's service (a transient unit in the host); stop_load(host)
     restore(host)             clear faults and reinstall + restart the NEXTN service, healthy
     unseed(host)              remove the NEXTN service: a fresh host with SGLang and models but no unit
@@ -413,8 +423,8 @@ class Lab:
     def connect(self, host: str) -> Any:
         return connect(self.paths, host)
 
-    def fault(self, host: str, name: str, *, every_start: bool = False) -> list[str]:
-        return fault(host, name, self.paths, every_start=every_start)
+    def fault(self, host: str, name: str, *, every_start: bool = False, seconds: float | None = None) -> list[str]:
+        return fault(host, name, self.paths, every_start=every_start, seconds=seconds)
 
     def clear(self, host: str) -> None:
         fault(host, "clear", self.paths)

@@ -12,12 +12,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from labkit import back_to_baseline, run
+from labkit import back_to_baseline, run, wait_for
 
 from ddtree_ops.deploy import deploy
 from ddtree_ops.host import HostKeyError, HostUnreachable, SudoPasswordRequired
@@ -30,6 +29,7 @@ from ddtree_ops.status import DeployExit
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["gate.stay_healthy_s=3"]
+STATE = "/var/lib/ddtree-ops/sglang"  # the service's state directory on the host (its lock, pending.json)
 
 
 def prof(host: str, *extra: str) -> Any:
@@ -60,13 +60,21 @@ def assert_known_good_serving(lab: Any, host: str) -> None:
         assert info["speculative_algorithm"] in ("NEXTN", "EAGLE"), info["speculative_algorithm"]
 
 
+# ct129 was left on its baseline and checked by the last test of this module that used the fixture (and
+# nothing of this module touches its service between two such tests): the next one need not check again
+_CHECKED: set[str] = set()
+
+
 @pytest.fixture
 def ct129(lab: Any) -> Any:
     """ct129 on its NEXTN rollback target before and after the test, whatever the test did."""
-    back_to_baseline(lab, "ct129")
+    if "ct129" not in _CHECKED:
+        back_to_baseline(lab, "ct129")
+    _CHECKED.discard("ct129")
     yield "ct129"
     back_to_baseline(lab, "ct129")
     assert_known_good_serving(lab, "ct129")
+    _CHECKED.add("ct129")
 
 
 def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
@@ -125,8 +133,8 @@ def test_crash_at_start_fails_fast_names_the_cause_and_rolls_back(lab: Any, ct12
 
 
 def test_crash_after_ready_inside_the_stay_window(lab: Any, ct129: str) -> None:
-    lab.fault(ct129, "crash-after-ready")
-    p = prof(ct129, "gate.stay_healthy_s=25")
+    lab.fault(ct129, "crash-after-ready", seconds=4)  # dies 4 s after it is ready: inside a 10 s window
+    p = prof(ct129, "gate.stay_healthy_s=10")
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
         out = deploy(h, p, "dflash", assume_yes=True)
     assert out.exit_code == DeployExit.ROLLED_BACK, out.reason
@@ -156,9 +164,11 @@ def test_rollback_whose_own_gate_fails_exits_2_and_says_so(lab: Any, ct129: str)
 def test_two_deploys_at_once_one_is_refused(lab: Any, ct129: str) -> None:
     env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config)}
     args = [sys.executable, "-m", "ddtree_ops", "deploy", ct129, "--mode", "dflash", "--yes",
-            "--set", "gate.stay_healthy_s=6"]
+            "--set", "gate.stay_healthy_s=3"]
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(3)
+    # the second starts once the first holds the lock (it holds it through the restart, start-up and window)
+    wait_for("the first deploy's lock", lambda: first.poll() is None and lab.exec(
+        ct129, ["test", "-e", f"{STATE}/lock/info.json"]).returncode == 0, timeout=60, step=0.2)
     second = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
     first_out = first.communicate(timeout=240)
     assert second.returncode == DeployExit.REFUSED, second.stderr
@@ -168,10 +178,13 @@ def test_two_deploys_at_once_one_is_refused(lab: Any, ct129: str) -> None:
 
 def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: Any, ct129: str) -> None:
     env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config)}
-    lab.fault(ct129, "slow-start")
+    lab.fault(ct129, "slow-start", seconds=4)  # the rollback below gates this start to its end: not 16 s more
     proc = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "deploy", ct129, "--mode", "dflash", "--yes"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    time.sleep(6)
+    # killed once the gate waits on the new start: its pending record written, the unit activating
+    wait_for("the deploy to be gated", lambda: proc.poll() is None and lab.exec(ct129, ["sh", "-c", (
+        f"test -e {STATE}/pending.json && systemctl is-active sglang.service; true")]).stdout.strip() == "activating",
+        timeout=120, step=0.2)
     proc.send_signal(signal.SIGKILL)  # the control machine "dies": no cleanup at all
     proc.wait()
     p = prof(ct129)

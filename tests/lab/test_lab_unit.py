@@ -84,6 +84,11 @@ def test_unknown_fault_and_host_are_usage_errors() -> None:
         api.fault("ct129", "bogus")
     with pytest.raises(UsageError, match="unknown lab host"):
         api.fault("ct999", "hang")
+    # a length only for the faults that last a while, and a sane one (checked before any host is touched)
+    with pytest.raises(UsageError, match="fault 'hang' takes no length; only slow-start, crash-after-ready do"):
+        api.fault("ct129", "hang", seconds=3)
+    with pytest.raises(UsageError, match=r"a length of 0 s is not in \(0, 3600\]"):
+        api.fault("ct129", "slow-start", seconds=0)
 
 
 def test_not_root_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -139,3 +144,11 @@ def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_p
     assert (inv.profile("ct130").gpu.arch, inv.profile("ct202").gpu.arch) == ("sm_86", "sm_120")
     with pytest.raises(Exception, match="1 to 64"):
         hosts.lab_hosts(65)
+
+
+def test_a_second_xdist_worker_with_lab_tests_is_named(tmp_path: Path) -> None:
+    from labkit import second_lab_worker
+
+    assert second_lab_worker(tmp_path, None) is None  # not under xdist: nothing to guard
+    assert second_lab_worker(tmp_path, "gw1") is None and second_lab_worker(tmp_path, "gw1") is None
+    assert "two xdist workers (gw1 and gw0)" in second_lab_worker(tmp_path, "gw0")

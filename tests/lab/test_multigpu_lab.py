@@ -14,20 +14,22 @@ tool itself (history, smoke, and each node's state in the JSON) must say so.
 from __future__ import annotations
 
 import json
-import time
+import secrets
 from typing import Any, Iterator
 
 import pytest
 from labkit import tool
 
 pytestmark = pytest.mark.lab
-RUN = time.strftime("%H%M%S")
+RUN = secrets.token_hex(3)  # a lab kept up between runs holds the last run's releases
 TP2 = ["--set", "parallel.tp_size=2", "--set", "gpus=[0, 1]"]
 PAIR = "pro6000-pair"
 NODES = ["ct201", "ct202"]
 
 
 
+# the deploys' stay-healthy window is 1 s (the window is test_deploy_lab's to hold) but where a node dies
+# after ready, inside it
 def tag(test: str) -> list[str]:
     """A release of its own for each test of each run."""
     return ["--set", f"service.env.DDTREE_MULTIGPU_TEST={test}-{RUN}"]
@@ -82,7 +84,7 @@ def test_tp2_a_stray_on_card_1_only_is_refused_naming_that_card(lab6: Any) -> No
     """ct201 serves on card 0 alone; a process left over holds card 1: the TP=2 deploy that needs
     card 1 too is refused, naming the card, and nothing changes."""
     rc, _doc, err = tool(lab6, "deploy", "ct201", "--mode", "nextn", "--yes", "--json", "--set",
-                         "gate.stay_healthy_s=3")
+                         "gate.stay_healthy_s=1")
     assert rc == 0, err
     before = on_host(lab6, "ct201", "systemctl", "show", "-p", "InvocationID", "--value", "sglang.service")
     lab6.fault("ct201", "stray-gpu-card1")
@@ -112,7 +114,7 @@ def test_tp2_on_one_host_one_rank_per_card_and_the_per_card_preflight_table(lab6
     assert "CARD" in err and "FOR IT" in err and "per rank:" in err
 
     rc, doc, err = tool(lab6, "deploy", "ct201", "--mode", "nextn", "--yes", "--json", *TP2, *tag("tp2"),
-                        "--set", "gate.stay_healthy_s=3")
+                        "--set", "gate.stay_healthy_s=1")
     assert rc == 0, err
     pf = doc["preflight"]
     assert [(c["index"], c["rank"]) for c in pf["cards"]] == [(0, "TP0"), (1, "TP1")]
@@ -125,7 +127,7 @@ def test_tp2_on_one_host_one_rank_per_card_and_the_per_card_preflight_table(lab6
 
 def test_tp2_one_rank_out_of_memory_rolls_back_to_the_tp2_known_good(lab6: Any) -> None:
     rc, doc, err = tool(lab6, "deploy", "ct201", "--mode", "nextn", "--yes", "--json", *TP2, *tag("tp2"),
-                        "--set", "gate.stay_healthy_s=3")
+                        "--set", "gate.stay_healthy_s=1")
     assert rc == 0 and doc["result"] in ("ok", "no-change"), err
     good = doc["release_id"]
     lab6.fault("ct201", "rank-oom")
@@ -141,7 +143,7 @@ def test_tp2_one_rank_out_of_memory_rolls_back_to_the_tp2_known_good(lab6: Any) 
 def test_ct201_back_to_one_card(lab6: Any) -> None:
     """The two-node service below owns card 1 of ct201: its own service goes back to card 0 alone."""
     rc, doc, err = tool(lab6, "deploy", "ct201", "--mode", "nextn", "--yes", "--json", "--set",
-                        "gate.stay_healthy_s=3")
+                        "gate.stay_healthy_s=1")
     assert rc == 0, err
     assert [card for card, _ in gpu_apps(lab6, "ct201")] == [0]
 
@@ -150,7 +152,7 @@ def test_ct201_back_to_one_card(lab6: Any) -> None:
 
 
 def pair_deploy(lab: Any, test: str, mode: str = "nextn", *extra: str) -> tuple[int, Any, str]:
-    return tool(lab, "deploy", PAIR, "--mode", mode, "--yes", "--json", "--set", "gate.stay_healthy_s=3",
+    return tool(lab, "deploy", PAIR, "--mode", mode, "--yes", "--json", "--set", "gate.stay_healthy_s=1",
                 *tag(test), *extra)
 
 
@@ -204,9 +206,9 @@ def test_one_rank_out_of_memory_rolls_every_node_back_and_diagnose_names_it(lab6
 
 
 def test_a_node_that_dies_after_ready_fails_the_service_and_every_node_rolls_back(lab6: Any) -> None:
-    lab6.fault("ct202", "crash-after-ready")
+    lab6.fault("ct202", "crash-after-ready", seconds=5)  # after rank 0 is ready, inside the 10 s window
     rc, doc, err = tool(lab6, "deploy", PAIR, "--mode", "nextn", "--yes", "--json", "--set",
-                        "gate.stay_healthy_s=20", *tag("died"))
+                        "gate.stay_healthy_s=10", *tag("died"))
     assert rc == 1, err
     assert doc["first_failed"]["node"] == "ct202" and doc["first_failed"]["label"] == "illegal_memory_access"
     assert_pair_on_known_good(lab6, doc)

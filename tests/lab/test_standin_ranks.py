@@ -9,6 +9,7 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from standin_proc import A6000, Standin, free_port, nextn_argv, start
 
 from ddtree_ops.diagnose.classify import Scanner
@@ -59,6 +60,7 @@ def test_tp2_starts_one_rank_process_per_card(tmp_path: Path) -> None:
         s.stop()
 
 
+@pytest.mark.slow  # ~20 s: 12 s of two quiet peers
 def test_two_nodes_meet_at_the_rendezvous_and_a_dead_peer_takes_the_other_down(tmp_path: Path) -> None:
     store, p0, p1 = free_port(), free_port(), free_port()
     common = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{store}", "--dist-timeout", "4"]

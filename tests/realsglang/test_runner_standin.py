@@ -30,6 +30,7 @@ def free_pair() -> int:
     raise RuntimeError("no two free ports")
 
 
+@pytest.mark.slow  # ~30 s
 def test_serve_group_through_render_gate_smoke_and_the_tax_arms(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -137,6 +137,7 @@ def _cases(spec: list[FlagSpec]) -> list[tuple[str, FlagSpec, list[str]]]:
     return out
 
 
+@pytest.mark.slow  # ~25 s: every flag of SGLang's parser
 def test_every_flag_maps_to_a_key_or_passes_through(spec: list[FlagSpec], base_argv: list[str]) -> None:
     cases = _cases(spec)
     first = parse([base_argv[3:] + words for _, _, words in cases])

@@ -1,13 +1,16 @@
 """The wheel a newcomer installs renders the same unit as the checkout, from any directory.
 
 units/ and profiles/ live at the top of the tree; the wheel carries them as data files under
-<prefix>/share/ddtree-ops. This builds the wheel, installs it into a fresh venv (its dependencies
-from the package index) and runs the installed console script from outside the checkout."""
+<prefix>/share/ddtree-ops. This builds the wheel, installs it into a fresh venv and runs the installed
+console script from outside the checkout. Its dependencies are the ones the suite runs with (this venv's,
+reached through a .pth line), not what the package index offers on the day of the run, and pip checks
+that they meet what the wheel declares (issue 29: nothing a test reads depends on the day)."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import sysconfig
 import venv
 from pathlib import Path
 
@@ -23,8 +26,14 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(d), str(ROOT)], check=True, timeout=300)
     (wheel,) = d.glob("ddtree_ops-*.whl")
-    venv.EnvBuilder(with_pip=True).create(d / "venv")
-    subprocess.run([str(d / "venv/bin/pip"), "install", "-q", str(wheel)], check=True, timeout=600)
+    venv.EnvBuilder().create(d / "venv")
+    pip = [sys.executable, "-m", "pip", "--python", str(d / "venv/bin/python"), "--disable-pip-version-check"]
+    subprocess.run([*pip, "install", "-q", "--no-deps", "--no-index", str(wheel)], check=True, timeout=600)
+    # after the install: pip must not meet this venv's own (editable) ddtree-ops while installing the wheel
+    (site,) = (d / "venv" / "lib").glob("python3*/site-packages")
+    (site / "suite-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    check = subprocess.run([*pip, "check"], capture_output=True, text=True, timeout=120)
+    assert not [ln for ln in check.stdout.splitlines() if ln.startswith("ddtree-ops ")], check.stdout
     return d / "venv/bin/ddtree-ops"
 
 

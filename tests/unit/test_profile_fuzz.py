@@ -219,6 +219,7 @@ def _fuzz(cases: int, seed: int, one: Any) -> dict[str, int]:
     return tally
 
 
+@pytest.mark.slow  # ~30 s
 def test_mutated_profile_files_load_or_are_refused_with_file_and_line(fuzz_dir: Path) -> None:
     def one(rng: random.Random) -> str:
         target, text, host = mutate(rng)
@@ -239,6 +240,7 @@ def test_mutated_profile_files_load_or_are_refused_with_file_and_line(fuzz_dir: 
     assert tally["loaded"] > 300 and tally["refused"] > 3000, tally
 
 
+@pytest.mark.slow  # ~10 s
 def test_set_values_apply_or_are_refused_naming_the_set(fuzz_dir: Path) -> None:
     def one(rng: random.Random) -> str:
         host, specs = rng.choice(HOSTS), [set_spec(rng) for _ in range(rng.randint(1, 3))]
@@ -257,6 +259,7 @@ SPECS = st.builds(lambda k, sep, v: f"{k}{sep}{v}", st.sampled_from(PATHS), st.s
                   st.one_of(st.sampled_from(VALUES), st.text(max_size=20)))
 
 
+@pytest.mark.slow  # ~10 s
 @settings(derandomize=True, deadline=None, database=None, max_examples=300,
           suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32), specs=st.lists(SPECS, max_size=2))

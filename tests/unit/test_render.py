@@ -1,9 +1,13 @@
-"""Rendering: golden units, systemd quoting, systemd-analyze verify, SGLang's own parser."""
+"""Rendering: golden units, what the unit means (SGLang's own parser, systemd's reading), systemd quoting,
+systemd-analyze verify."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -112,3 +116,243 @@ def test_awkward_paths_verify_too(tmp_path: Path) -> None:
     res = subprocess.run([SYSTEMD_ANALYZE, "verify", str(path)], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and r.unit_name not in res.stdout + res.stderr
     assert '"/models/Qwen 3 (8B)/%%v"' in r.unit_text
+
+
+# --------------------------------------------------------------------------- what the unit means
+# The golden files above hold the renderer to its own earlier output, and `make golden` rewrites them:
+# a wrong unit, regenerated, passes there. The tests below read the rendered unit the way systemd and
+# SGLang read it and hold it to the profile it came from: ExecStart split by systemd's rules and parsed
+# by SGLang 0.5.23's own argument parser (installed in the venv), the EnvironmentFile as systemd reads
+# it, the restart policy and limits, and the readiness probe run for real.
+
+# what each mode means to SGLang, written down here, not taken from the renderer
+ALGORITHM = {"nextn": "NEXTN", "dflash": "DFLASH", "ddtree-shadow": "DDTREE", "ddtree": "DDTREE"}
+
+
+def unit_sections(text: str) -> dict[str, list[tuple[str, str]]]:
+    """A unit file as systemd reads it: [Section] headers, Key=Value lines (a key may repeat),
+    comments (#, ;) and blank lines skipped."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    section = ""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line[0] in "#;":
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            section = line[1:-1]
+            out.setdefault(section, [])
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and section, f"not a unit file line: {line!r}"
+        out[section].append((key.strip(), value.strip()))
+    return out
+
+
+def one(sections: dict[str, list[tuple[str, str]]], section: str, key: str) -> str:
+    values = [v for k, v in sections.get(section, []) if k == key]
+    assert len(values) == 1, f"[{section}] {key}: {values}"
+    return values[0]
+
+
+C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
+             "'": "'", "s": " "}
+
+
+def systemd_words(line: str) -> list[str]:
+    """An ExecStart= line as the argv systemd runs (systemd.service(5), "COMMAND LINES"): specifiers
+    first (only %% occurs in a rendered unit: a literal %), then words split on whitespace, in double or
+    single quotes or bare, with C escapes; then $$ is a literal $ (a rendered unit expands no variable)."""
+    assert re.search(r"%[^%]", line.replace("%%", "")) is None, f"a specifier in {line!r}"
+    line = line.replace("%%", "%")
+    words, i = [], 0
+    while i < len(line):
+        if line[i].isspace():
+            i += 1
+            continue
+        word, quote = "", None
+        while i < len(line) and (quote or not line[i].isspace()):
+            c = line[i]
+            if c == "\\" and i + 1 < len(line):
+                assert line[i + 1] in C_ESCAPES, f"escape \\{line[i + 1]} in {line!r}"
+                word, i = word + C_ESCAPES[line[i + 1]], i + 2
+                continue
+            if quote is None and c in "\"'" and word == "":
+                quote = c
+            elif c == quote:
+                quote = None
+            else:
+                word += c
+            i += 1
+        assert quote is None, f"unterminated quote in {line!r}"
+        assert re.search(r"\$[^$]", word.replace("$$", "")) is None, f"a variable in {word!r}"
+        words.append(word.replace("$$", "$"))
+    return words
+
+
+def environment_file(text: str) -> dict[str, str]:
+    """An EnvironmentFile as systemd reads it (systemd.exec(5)): KEY=VALUE lines, # comments, a value
+    in single quotes taken as it is, in double quotes with \\ escapes of \\ " ` $."""
+    env = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith(("#", ";")):
+            continue
+        key, sep, value = line.partition("=")
+        assert sep and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key), line
+        if value[:1] == "'" and value[-1:] == "'" and len(value) > 1:
+            value = value[1:-1]
+        elif value[:1] == '"' and value[-1:] == '"' and len(value) > 1:
+            value = re.sub(r'\\([\\"`$])', r"\1", value[1:-1])
+        env[key] = value
+    return env
+
+
+SGLANG_PARSE = r'''
+import argparse, contextlib, io, json, sys
+from sglang.srt.server_args import ServerArgs
+out = []
+for argv in json.loads(sys.stdin.read()):
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            ns = parser.parse_args(argv)
+        ServerArgs.from_cli_args(ns)  # its own checks past the parser, as prepare_server_args runs them
+        out.append({k: v for k, v in vars(ns).items() if isinstance(v, (str, int, float, bool, type(None)))})
+    except SystemExit:
+        out.append({"error": err.getvalue().strip().splitlines()[-1]})
+print(json.dumps(out))
+'''
+
+
+@pytest.fixture(scope="module")
+def sglang_reads() -> dict[tuple[str, str], dict]:
+    """SGLang 0.5.23's parser over the argv of each rendered unit's ExecStart (one interpreter for all)."""
+    pytest.importorskip("sglang", reason="sglang 0.5.23 (installed --no-deps) reads the argv")
+    argvs = {case: systemd_words(one(unit_sections(render(_profile(case[0]), case[1], environ={}).unit_text),
+                                     "Service", "ExecStart")) for case in CASES}
+    res = subprocess.run([sys.executable, "-c", SGLANG_PARSE], input=json.dumps([a[3:] for a in argvs.values()]),
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    return dict(zip(argvs, json.loads(res.stdout.strip().splitlines()[-1])))
+
+
+@pytest.mark.parametrize("host,mode", CASES)
+def test_the_unit_launches_what_the_profile_says(host: str, mode: str, sglang_reads: dict) -> None:
+    p = _profile(host)
+    argv = systemd_words(one(unit_sections(render(p, mode, environ={}).unit_text), "Service", "ExecStart"))
+    assert argv[:3] == [p.service.python, "-m", "sglang.launch_server"]
+    got = sglang_reads[(host, mode)]
+    assert "error" not in got, got
+    m, s, cfg = p.memory, p.service, p.mode(mode)
+    assert mode in ALGORITHM, f"mode {mode}: write down what it means to SGLang in ALGORITHM and below"
+    expected = {
+        "model_path": s.model_path, "host": s.listen_host, "port": s.port, "served_model_name": s.served_model_name,
+        "mem_fraction_static": m.mem_fraction_static, "context_length": m.context_length,
+        "max_running_requests": m.max_running_requests, "attention_backend": m.attention_backend,
+        "dtype": m.dtype, "kv_cache_dtype": m.kv_cache_dtype, "page_size": m.page_size,
+        "chunked_prefill_size": m.chunked_prefill_size, "quantization": m.quantization,
+        "disable_cuda_graph": not m.cuda_graph, "cuda_graph_max_bs_decode": m.cuda_graph_max_bs if m.cuda_graph else None,
+        "enable_metrics": True,  # smoke and promote read /metrics
+        "tp_size": p.parallel.tp_size if p.parallel else 1,
+        "speculative_algorithm": ALGORITHM[mode], "speculative_draft_model_path": cfg.draft_model_path,
+    }
+    if mode == "nextn":
+        expected.update(speculative_num_steps=cfg.num_steps, speculative_eagle_topk=cfg.eagle_topk,
+                        speculative_num_draft_tokens=cfg.num_draft_tokens)
+    else:  # DFlash and DDTree: one verify block of block_size tokens
+        expected.update(speculative_num_draft_tokens=cfg.block_size,
+                        speculative_draft_attention_backend=cfg.draft_attention_backend)
+    got = {**got, "page_size": got["page_size"] or 1}  # SGLang's None is a page of one token
+    assert {k: got[k] for k in expected} == expected
+
+
+@pytest.mark.parametrize("host,mode", CASES)
+def test_the_environment_file_is_what_the_server_needs(host: str, mode: str) -> None:
+    p = _profile(host, "service.secrets.HF_TOKEN=env:HF_TOKEN_FOR_TEST")
+    r = render(p, mode, environ={"HF_TOKEN_FOR_TEST": "hf_x"})
+    assert one(unit_sections(r.unit_text), "Service", "EnvironmentFile") == r.env_path == f"{p.service.env_dir}/sglang.env"
+    expected = {**p.service.env, "PYTHONUNBUFFERED": "1", "HF_TOKEN": "hf_x"}  # log lines reach the gate as they happen
+    if mode == "ddtree-shadow":  # the engine's plugin, and the shadow's settings it reads at start
+        cfg = p.mode(mode)
+        expected.update(SGLANG_PLUGINS="ddtree", DDTREE_BUDGET=str(cfg.budget),
+                        DDTREE_SHADOW_SHARE=str(cfg.shadow.share), DDTREE_SHADOW_REPORT_EVERY=str(cfg.shadow.report_every))
+    if mode == "ddtree":  # the same plugin serving the tree, the chain measured on a share of its rounds
+        cfg = p.mode(mode)
+        expected.update(SGLANG_PLUGINS="ddtree", DDTREE_MODE="tree", DDTREE_BUDGET=str(cfg.budget),
+                        DDTREE_CHAIN_SHARE=str(cfg.tree.chain_share), DDTREE_SHADOW_REPORT_EVERY=str(cfg.tree.report_every))
+    assert environment_file(r.env_text) == expected
+
+
+@pytest.mark.parametrize("host,mode", CASES)
+def test_the_restart_policy_and_limits(host: str, mode: str) -> None:
+    p = _profile(host)
+    s = p.service
+    u = unit_sections(render(p, mode, environ={}).unit_text)
+    assert one(u, "Service", "Type") == "exec" and one(u, "Service", "User") == s.user
+    assert one(u, "Service", "Restart") == "on-failure"
+    restart, burst, interval = (float(one(u, "Service", "RestartSec")), int(one(u, "Unit", "StartLimitBurst")),
+                                float(one(u, "Unit", "StartLimitIntervalSec")))
+    assert (restart, burst, interval) == (s.restart_sec, s.start_limit_burst, s.start_limit_interval_s)
+    assert burst * restart < interval  # a crash loop trips the start limit instead of restarting forever
+    assert float(one(u, "Service", "TimeoutStartSec")) == s.timeout_start_s  # load + graph capture bound
+    assert float(one(u, "Service", "TimeoutStopSec")) == s.timeout_stop_s
+    assert one(u, "Service", "KillMode") == "control-group"  # no worker left holding GPU memory
+    assert one(u, "Service", "LimitNOFILE") == "65536"
+    assert not [k for k, _ in u["Service"] if k in ("PrivateDevices", "DeviceAllow", "DevicePolicy")]  # /dev/nvidia*
+    assert one(u, "Install", "WantedBy") == "multi-user.target"
+
+
+def _probe(p, port_answer: int | None, mainpid: int, wait: float) -> int | None:
+    """Run the unit's ExecStartPost as systemd would (its argv, MAINPID in the environment) beside a
+    server answering /health_generate with `port_answer` (None: nothing listens); its exit code, or
+    None if it is still waiting after `wait` seconds."""
+    import http.server
+    import threading
+
+    hits: list[str] = []
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(port_answer if self.path == "/health_generate" else 404)
+            self.end_headers()
+
+        def log_message(self, *_a: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", p.service.port), Answer) if port_answer else None
+    if server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        argv = systemd_words(one(unit_sections(render(p, "nextn", environ={}).unit_text), "Service", "ExecStartPost"))
+        proc = subprocess.Popen(argv, env={"PATH": "/usr/bin:/bin", "MAINPID": str(mainpid)})
+        try:
+            return proc.wait(timeout=wait)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return None
+    finally:
+        if server:
+            server.shutdown()
+            server.server_close()
+            assert hits and set(hits) == {"/health_generate"}, hits
+
+
+def test_the_readiness_probe_waits_for_health_generate_and_gives_up_when_the_server_dies() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    # the host's interpreter runs the probe: here, this one
+    p = _profile("ct200", f"service.python={sys.executable}", f"service.port={port}")
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        assert _probe(p, 200, alive.pid, wait=30) == 0  # ready: the start is done
+        assert _probe(p, 503, alive.pid, wait=3) is None  # loading: "activating", it keeps asking
+    finally:
+        alive.kill()
+        alive.wait()
+    assert _probe(p, None, alive.pid, wait=30) == 1  # the server died first: the start fails now

@@ -22,9 +22,16 @@ FAULTS_FILE = Path(os.environ.get("DDTREE_LAB_FAULTS", "/var/lib/ddtree-lab/faul
 EVERY_START = "@every-start"
 
 
+# how long a timed fault lasts when its entry gives no length (`slow-start`, not `slow-start=4`)
+DEFAULT_SECONDS = {"slow-start": 16.0, "crash-after-ready": 8.0}
+# the lengths this start's entries gave; set by read_faults (one start is one process: its forks inherit it)
+_SECONDS: dict[str, float] = {}
+
+
 def read_faults() -> frozenset[str]:
     """The faults for this start. Plain entries are used up here (they mean "the next start");
-    entries marked @every-start stay in the file."""
+    entries marked @every-start stay in the file. An entry `NAME=SECONDS` gives a timed fault its
+    length (`seconds`)."""
     try:
         lines_ = [ln.strip() for ln in FAULTS_FILE.read_text().splitlines() if ln.strip() and not ln.startswith("#")]
     except OSError:
@@ -35,7 +42,21 @@ def read_faults() -> frozenset[str]:
             FAULTS_FILE.write_text("".join(ln + "\n" for ln in keep))
         except OSError:
             pass
-    return frozenset(ln.removesuffix(EVERY_START) for ln in lines_)
+    names = set()
+    for entry in (ln.removesuffix(EVERY_START) for ln in lines_):
+        name, _, value = entry.partition("=")
+        names.add(name)
+        if value:
+            try:
+                _SECONDS[name] = float(value)
+            except ValueError:
+                pass  # the lab writes numbers; a hand-edited typo keeps the default length
+    return frozenset(names)
+
+
+def seconds(name: str) -> float:
+    """How long the timed fault `name` lasts in this start."""
+    return _SECONDS.get(name, DEFAULT_SECONDS[name])
 
 
 # --------------------------------------------------------------------------- tracebacks

@@ -21,6 +21,7 @@ from typing import Any
 
 from . import behaviour, lines, ranks, sglog, simgpu
 from .faults import illegal_memory, traceback_text
+from .faults import seconds as fault_seconds
 from .scheduler import Scheduler
 
 
@@ -94,7 +95,7 @@ async def serve_other_node(s: Scheduler) -> None:
         s.kill_process_tree()
     sglog.uvicorn(logging.INFO, f"Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
     if s.p.crash_after_ready:
-        await asyncio.sleep(8.0)
+        await asyncio.sleep(fault_seconds("crash-after-ready"))
         await s.crash(traceback_text([lines.TB_EVENT_LOOP], illegal_memory()), running=True)
     await asyncio.Event().wait()
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from . import SGLANG_VERSION, STANDIN_LABEL, lines, sglog
 from .faults import dim_traceback, illegal_memory, traceback_text
+from .faults import seconds as fault_seconds
 from .http import State, serve
 from .scheduler import GB, STOP_SCALE, Scheduler
 
@@ -60,7 +61,7 @@ async def serve_api(s: Scheduler, used: int) -> None:
     s.state.phase = "ready"
     sglog.info(lines.READY)
     if p.crash_after_ready:
-        await asyncio.sleep(8.0)
+        await asyncio.sleep(fault_seconds("crash-after-ready"))
         await s.crash(traceback_text([lines.TB_EVENT_LOOP], illegal_memory()), running=True)
     await asyncio.Event().wait()
 

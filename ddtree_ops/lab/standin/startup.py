@@ -18,6 +18,7 @@ import time
 
 from . import STANDIN_LABEL, behaviour, lines, memory, nodes, shadow, simgpu, sglog
 from .faults import graph_oom, libcuda_traceback, rank_oom, traceback_text
+from .faults import seconds as fault_seconds
 from .scheduler import GB, Scheduler
 
 
@@ -42,7 +43,7 @@ async def weights(s: Scheduler, used: int) -> tuple[int, float]:
     p, pool = s.p, s.pool
     tic = time.monotonic()
     s.log(f"Load weight begin. avail mem={s.avail(used):.2f} GB")
-    await asyncio.sleep(0.5 + (16.0 if p.slow_start else 0.0))
+    await asyncio.sleep(0.5 + (fault_seconds("slow-start") if p.slow_start else 0.0))
     if "rank-oom" in s.x.faults:
         await rank_oom(s, used)
     used += pool.target_weights
