@@ -279,9 +279,9 @@ def test_every_command_across_a_group(fleet: Any, tmp_path: Path) -> None:
     assert rc == 1, err
     assert results(doc) == {"ct129": "ok", "ct130": "rolled-back", "ct131": "rolled-back"}
     rc, diag, err = tool(fleet, "diagnose", "a6000", "--json")
-    assert rc == 1, err  # healthy again on known-good; the start before failed: a warning, grouped by cause
+    assert rc == 0, err  # healthy again on known-good; the start before failed: its own line, grouped by cause
     assert [(c["verdict"], c["cause"], c["hosts"]) for c in diag["causes"]] == [
-        ("degraded", "cuda_lib_load", ["ct130", "ct131"]), ("healthy", "-", ["ct129"])]
+        ("healthy", "previous start: cuda_lib_load", ["ct130", "ct131"]), ("healthy", "-", ["ct129"])]
     assert "libcuda.so.1" in diag["causes"][0]["evidence"]
     rc, hist, err = tool(fleet, "history", "a6000", "--json")
     assert rc == 0, err
