@@ -13,6 +13,10 @@ remote step is seen here first.
 Behaviour is per start: a start of a release whose mode is in `broken` prints a fatal journal line
 and fails (the CUDA library that cannot load, as in the story of DESIGN.md); any other start is
 ready on its second poll and answers /health_generate and a smoke request with speculative metrics.
+Its /metrics is what `metrics(mode)` returns for the mode of the unit serving (None: no ddtree counters
+there, a 404): promote's tests make the shadow's and the served tree's counters with it. The host's
+SGLang release, its installed plugin and its declared tree verify backends are what preflight's
+SGLang script reports; `pip install` of the plugin wheel records the wheel's version as installed.
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ class Unit:
     ticks: int = 0  # polls since this start
     broken: bool = False  # this start fails (decided when it starts)
     ready: bool = False
+    mode: str = ""  # the mode of the release this start runs (its unit's header)
 
     @property
     def running(self) -> bool:
@@ -71,6 +76,10 @@ class FakeHost:
     interrupt: str = ""  # "gate": Ctrl-C while the next start is gated; "preflight": while it is checked
     commands: list[str] = field(default_factory=list)  # every command run, in order
     starts: int = 0
+    sglang: str = "0.5.23"  # the host's SGLang release, as its own `import sglang` says
+    plugin: str | None = None  # the ddtree plugin version installed in the service's Python
+    tree_backends: dict[str, str] = field(default_factory=dict)  # entry points ddtree_ops.tree_verify
+    metrics: Callable[[str], str | None] | None = None  # the serving mode -> its /metrics text
 
     # ------------------------------------------------------------------ set-ups
 
@@ -120,6 +129,10 @@ class FakeHost:
             meta = {"finish_reason": {"type": "length", "length": 16}, "completion_tokens": 16,
                     "spec_verify_ct": 6, "spec_accept_length": 2.67, "e2e_latency": 0.3}
             return HttpResponse(200, json.dumps({"text": " Paris.", "meta_info": meta}).encode(), 0.3)
+        if (method, path) == ("GET", "/metrics") and self.metrics is not None:
+            text = self.metrics(self.unit.mode)
+            if text is not None:
+                return HttpResponse(200, text.encode(), 0.01)
         return HttpResponse(404, b'{"detail":"Not Found"}', 0.01)
 
     def stream(self, argv: Any, *, timeout: float = 30.0) -> Watch:
@@ -145,6 +158,15 @@ class FakeHost:
             return self.unit.show(self.unit_name), 0
         if argv[:3] == ["rm", "-rf", "--"]:
             self._remove(argv[3])
+            return "", 0
+        if argv[:3] == ["rm", "-f", "--"]:
+            for path in argv[3:]:
+                self.files.pop(path, None)
+            return "", 0
+        if argv[1:4] == ["-m", "pip", "install"]:  # remote.pip_install: the plugin wheel put under /tmp
+            wheel = argv[-1]
+            assert wheel in self.files, f"pip install of a wheel that was never put: {wheel}"
+            self.plugin = Path(wheel).name.split("-")[1]
             return "", 0
         if argv[:2] != ["sh", "-c"]:
             raise AssertionError(f"the fake host does not know the command {argv!r}")
@@ -181,7 +203,9 @@ class FakeHost:
                                          "memory_free_mib": MIB_TOTAL - 600, "compute_cap": "8.6"}]}), 0
         if "prepare_server_args" in script:  # preflight.sglang_check: the host's own SGLang parser
             parse = self.flags_refused or "ok"
-            return "\x1d" + json.dumps({"sglang": "0.5.23", "ddtree-ops": None, "parse": parse}) + "\n", 0
+            return "\x1d" + json.dumps({"sglang": self.sglang, "ddtree-ops": self.plugin, "parse": parse,
+                                        "algorithm": {"dflash_family": True, "resolved": "DFLASH"},
+                                        "tree_backends": self.tree_backends}) + "\n", 0
         if "systemd-analyze verify" in script:  # preflight.verify_unit
             return "", 0
         raise AssertionError(f"the fake host does not know the script {script[:160]!r}")
@@ -221,7 +245,7 @@ class FakeHost:
         mode = (re.search(r"\bmode=(\S+)", unit_text) or [None, "?"])[1]
         self.starts += 1
         self.unit = Unit(active="activating", sub="start", pid=4000 + self.starts, restarts=0,
-                         invocation=f"inv{self.starts:04d}", broken=mode in self.broken)
+                         invocation=f"inv{self.starts:04d}", broken=mode in self.broken, mode=mode)
         self.journal.append((self.unit.invocation, "Init torch distributed begin."))
 
     def tick(self) -> None:
