@@ -28,25 +28,34 @@ run 0 ddtree-ops lab up --hosts 6
 eval "$(ddtree-ops lab env)"
 run 0 ddtree-ops lab status
 
-step "ct200 (RTX PRO 6000, sm_120): DDTree in shadow-linear mode, gated on real readiness"
-run 0 ddtree-ops deploy ct200 --mode ddtree-shadow --yes
+step "ct200 (RTX PRO 6000, sm_120): its profile's mode, DDTree in shadow-linear mode, gated on real readiness"
+run 0 ddtree-ops deploy ct200 --dry-run
+run 0 ddtree-ops deploy ct200 --yes
 
 step "ct129 (RTX A6000, 48 GB), the story's first attempt: context 131072, mem-fraction 0.88"
-run 3 ddtree-ops deploy ct129 --mode ddtree-shadow --yes \
+run 3 ddtree-ops deploy ct129 --yes \
     --set memory.context_length=131072 --set memory.mem_fraction_static=0.88
 
 step "The second attempt, 32k context x 4 requests at 0.95, on a host whose CUDA driver library is gone"
 run 0 ddtree-ops lab fault ct129 libcuda-missing
-run 1 ddtree-ops deploy ct129 --mode ddtree-shadow --yes \
+run 1 ddtree-ops deploy ct129 --yes \
     --set memory.context_length=32768 --set memory.max_running_requests=4 --set memory.mem_fraction_static=0.95
 run 0 ddtree-ops lab fault ct129 clear
 
-step "What went wrong on ct129, from its journal"
-run 1 ddtree-ops diagnose ct129
+step "What went wrong on ct129, from its journal (it serves NEXTN again, healthy: exit 0, the failed start named)"
+run 0 ddtree-ops diagnose ct129
 
 step "What ct129 ran, and what it runs now"
 run 0 ddtree-ops history ct129
 run 0 ddtree-ops smoke ct129 ct200
+
+step "The shadow's verdict, from ct200's own /metrics after a minute of greedy traffic, then the tree served and checked live"
+run 0 ddtree-ops lab load ct200 --seconds 70 --wait
+run 0 ddtree-ops promote ct200 --dry-run
+run 0 ddtree-ops lab load ct200 --seconds 300
+run 0 ddtree-ops promote ct200 --yes
+run 0 ddtree-ops lab load ct200 --stop
+run 3 ddtree-ops promote ct129
 
 step "A fleet: group lab (a6000: ct129 ct130 ct131, pro6000: ct200 ct201 ct202), one line each in the lab's inventory"
 run 0 ddtree-ops profile show lab
@@ -59,8 +68,8 @@ run 0 ddtree-ops lab fault ct201 clear
 
 step "Across the fleet: which hosts run what, and what went wrong where"
 run 0 ddtree-ops history lab
-run 1 ddtree-ops diagnose lab
-run 0 ddtree-ops rollback lab
+run 0 ddtree-ops diagnose lab
+run 0 ddtree-ops rollback lab --yes
 
 cat <<MSG
 
@@ -70,6 +79,9 @@ ${bold}What this showed${off}
   - ct129's first attempt never touched the host: preflight predicted the KV pool and refused.
   - the second attempt failed within seconds of its crash line, was rolled back to the NEXTN
     known-good release automatically, and the cause (a CUDA library that will not load) was named.
+  - ct200's shadow said the tree pays on its card; promote read that from /metrics, served the tree,
+    held its acceptance to the shadow's prediction live, and kept it. ct129, back on NEXTN, was
+    refused: promote starts from a shadow that has measured.
   - the fleet deploy went canary first; ct201 failed its gate and was rolled back on its own while
     the rest carried on within the budget of one failure; one table said who runs what, and why.
 
