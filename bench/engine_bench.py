@@ -132,7 +132,7 @@ def builder_matches(out: dict[str, torch.Tensor], ref: Any) -> bool:
 
 def check_fused(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     """The fused build against the heap on many full-size inputs, ties and degenerate rows included."""
-    vocab, depth = args.vocab, args.depth
+    vocab, depth, spine = args.vocab, args.depth, args.tree == "spine"
     cases: list[tuple[str, torch.Tensor]] = []
     gen = torch.Generator(device="cpu").manual_seed(1234)
     for seed in range(args.check_seeds):
@@ -156,8 +156,8 @@ def check_fused(args: argparse.Namespace, device: torch.device) -> dict[str, Any
             top = draft_topk(logits, k)
             fused_top = draft_topk_fused(logits, k)
             same_topk = torch.equal(top.tokens, fused_top.tokens) and torch.equal(top.scores, fused_top.scores)
-            ref = build_tree_heap(top, budget, 3)
-            same = trees_equal(build_tree_fused(logits, budget, 3), ref)
+            ref = build_tree_heap(top, budget, 3, spine=spine)
+            same = trees_equal(build_tree_fused(logits, budget, 3, spine=spine), ref)
             results.append({"case": name, "budget": budget, "same_topk": same_topk, "same_tree": same,
                             "ties_in_topk": int((top.scores[:, 1:] == top.scores[:, :-1]).sum())})
             if not (same and same_topk):
@@ -170,6 +170,7 @@ def check_fused(args: argparse.Namespace, device: torch.device) -> dict[str, Any
 
 def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     cuda = device.type == "cuda"
+    spine = args.tree == "spine"
     check = check_fused(args, device) if fused_available(device) and args.check_seeds else None
     rows = []
     for budget in args.budgets:
@@ -177,19 +178,20 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
         k = budget_topk(budget, args.vocab)
 
         def heap() -> Any:
-            return build_tree_heap(draft_topk(logits, k), budget, 1)   # tolist() inside = the D2H copy
+            return build_tree_heap(draft_topk(logits, k), budget, 1, spine=spine)   # tolist() inside = the D2H copy
 
         def heap_reference_style() -> Any:
-            return build_tree_heap(reference_style_topk(logits, k), budget, 1)
+            return build_tree_heap(reference_style_topk(logits, k), budget, 1, spine=spine)
 
         def vec() -> Any:
             top = draft_topk(logits, k)
-            out = select_tree(top.scores, top.tokens, budget)
+            out = select_tree(top.scores, top.tokens, budget, spine=spine)
             return out, ancestor_matrix(torch.cat([out[1].new_tensor([-1]), out[1]]), args.depth)
 
         ref = heap()
         n = ref.size
-        row: dict[str, Any] = {"budget": budget, "k": k, "nodes": n, "max_depth": int(ref.depths.max()),
+        row: dict[str, Any] = {"budget": budget, "tree": args.tree, "k": k, "nodes": n,
+                               "max_depth": int(ref.depths.max()),
                                "topk_s": median_time(lambda: draft_topk(logits, k), device, args.reps),
                                "topk_reference_style_s": median_time(lambda: reference_style_topk(logits, k), device, args.reps),
                                "heap_s": median_time(heap, device, args.reps),
@@ -197,15 +199,17 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
                                "vector_eager_s": median_time(vec, device, max(3, args.reps // 5))}
         hows = ("topk", "sort") + (("fused",) if fused_available(device) else ())
         for how in hows:
-            builder = TreeBuilder(args.depth, args.vocab, budget, device, logits_dtype=logits.dtype, how=how)
+            builder = TreeBuilder(args.depth, args.vocab, budget, device, logits_dtype=logits.dtype, how=how,
+                                  spine=spine)
             builder.capture()
             out = builder.build(logits, 1)
             row[f"same_tree_{how}"] = builder_matches(out, ref)
             if cuda:
                 row[f"vector_graph_{how}_s"] = graph_time(builder.graph, device, args.reps)
         if fused_available(device):
-            row["fused_eager_s"] = median_time(lambda: build_tree_fused(logits, budget, 1), device, args.reps)
-            row["same_tree_fused_eager"] = trees_equal(build_tree_fused(logits, budget, 1), ref)
+            row["fused_eager_s"] = median_time(lambda: build_tree_fused(logits, budget, 1, spine=spine), device,
+                                               args.reps)
+            row["same_tree_fused_eager"] = trees_equal(build_tree_fused(logits, budget, 1, spine=spine), ref)
         if cuda and fused_available(device):
             # the fused build's parts, each as its own graph (each includes one launch)
             from ddtree_ops.engine import tree_kernels
@@ -218,12 +222,14 @@ def bench_treebuild(args: argparse.Namespace, device: torch.device) -> dict[str,
                      "log_softmax_torch": lambda: torch.log_softmax(logits, dim=-1, dtype=torch.float32),
                      "stats_kernel": lambda: tree_kernels.log_softmax_stats(logits),
                      "topk_kernels": lambda: tree_kernels.topk_rows(logits, k),
-                     "select_kernel": lambda: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, vis)}
+                     "select_kernel": lambda: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, vis,
+                                                                        spine=spine)}
             for name, fn in parts.items():
                 row[f"part_{name}_s"] = graph_time(capture_graph(fn, device), device, args.reps)
             for warps in (4, 8, 16):          # launch-shape sweep for the selection kernel
                 row[f"sweep_select_w{warps}_s"] = graph_time(capture_graph(
-                    lambda w=warps: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, vis, num_warps=w),
+                    lambda w=warps: tree_kernels.select_nodes(top.scores, top.tokens, budget, root, vis, num_warps=w,
+                                                              spine=spine),
                     device), device, args.reps)
             # accuracy of the fused log-probs against torch.log_softmax
             row["logprob_max_abs_diff_vs_torch"] = float((log_probs(logits) - torch.log_softmax(
@@ -416,6 +422,8 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--depth", type=int, default=15)
     ap.add_argument("--check-seeds", type=int, default=4, help="treebuild: draft-like inputs in the fused-vs-heap check")
+    ap.add_argument("--tree", choices=("spine", "plain"), default="spine",
+                    help="treebuild: the tree's shape (the spine tree, the default build, or plain best-first)")
     ap.add_argument("--context", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=36)
     ap.add_argument("--sizes", type=ints, default=[1, 2, 4, 8, 16, 17, 32, 33, 64, 65, 128, 129, 256, 257, 512, 513,

@@ -32,21 +32,21 @@ from ddtree_ops import deploy as transaction
 from ddtree_ops import output, releases
 from ddtree_ops.diagnose.classify import Scanner
 from ddtree_ops.errors import OpsError
-from ddtree_ops.fleet_plan import (DEGRADED, DRY_RUN, FAILED, NO_CHANGE, OK, REFUSED, ROLLED_BACK, SERVING_NEW,
-                                   SKIPPED, Rollout, Size, exit_code, parse_batch, parse_budget, plan_waves)
+from ddtree_ops.fleet_plan import (DEGRADED, DRY_RUN, FAILED, HELD, NO_CHANGE, OK, REFUSED, ROLLED_BACK,
+                                   SERVING_NEW, SKIPPED, Rollout, Size, exit_code, parse_batch, parse_budget,
+                                   plan_waves)
 from ddtree_ops.host import Host
 from ddtree_ops.lock import read_lock
 from ddtree_ops.preflight import Preflight, run_preflight
-from ddtree_ops.profile import PLUGIN_MODES, Profile
+from ddtree_ops.profile import Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import render
 from ddtree_ops.status import DeployExit
 from ddtree_ops.transaction import STOPPED, Outcome
-from ddtree_ops.wheel import build
 
 __all__ = ["Size", "Rollout", "parse_batch", "parse_budget", "plan_waves", "exit_code", "Target", "Checked",
            "HostResult", "FleetOutcome", "Options", "deploy_fleet", "check_one", "across", "summary_lines", "causes",
-           "last_result", "shorten", "FAILED", "SERVING_NEW", "DRY_RUN", "SKIPPED"]
+           "shorten", "FAILED", "SERVING_NEW", "DRY_RUN", "SKIPPED", "HELD"]
 
 Connect = Callable[[Profile], AbstractContextManager[Host]]
 T = TypeVar("T")
@@ -60,6 +60,10 @@ class Target:
     profile: Profile
     release_id: str
     gpu_class: str
+    mode: str = ""  # what this host will run: --mode, or its profile's `mode:`
+
+    def __post_init__(self) -> None:
+        self.mode = self.mode or self.profile.desired_mode
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Checked:
     change: str = ""  # "install" | "no change"
     preflight: Preflight | None = None
     seconds: float = 0.0
+    held: bool = False  # a promotion's host whose shadow does not justify the tree: reported, not planned
 
 
 @dataclass
@@ -112,11 +117,15 @@ class FleetOutcome:
     finished_at: str = ""
     seconds: float = 0.0
     dry_run: bool = False
+    command: str = "deploy"
 
     @property
     def exit_code(self) -> int:
-        if self.dry_run:  # as a single host's --dry-run: 0 the plan stands, 3 a host would be refused
-            return int(DeployExit.REFUSED) if any(h.result == REFUSED for h in self.hosts) else int(DeployExit.OK)
+        if self.dry_run:  # as a single host's --dry-run: 0 the plan stands, 3 a host would be refused (or,
+            # promoting, every host would be held: nothing would change)
+            nothing = bool(self.hosts) and all(h.result == HELD for h in self.hosts)
+            return int(DeployExit.REFUSED) if nothing or any(h.result == REFUSED for h in self.hosts) \
+                else int(DeployExit.OK)
         return exit_code([h.result for h in self.hosts])
 
     @property
@@ -125,7 +134,7 @@ class FleetOutcome:
 
     def to_json(self) -> dict[str, Any]:
         code = self.exit_code
-        return {"command": "deploy", "mode": self.mode, "targets": self.targets,
+        return {"command": self.command, "mode": self.mode, "targets": self.targets,
                 "result": {0: "ok", 1: "rolled-back", 2: "degraded", 3: "refused"}[code] if not self.dry_run else
                 ("dry-run" if code == 0 else "refused"),
                 "exit_code": code, "stopped": self.stopped,
@@ -134,15 +143,17 @@ class FleetOutcome:
                             "allowed_failures": self.rollout.allowed_failures(len(self.hosts)),
                             "canary_stay_s": self.rollout.canary_stay_s, "skip_refused": self.rollout.skip_refused},
                 "waves": self.waves, "failures": self.failures,
-                "counts": {r: n for r in (OK, NO_CHANGE, ROLLED_BACK, DEGRADED, REFUSED, SKIPPED, DRY_RUN)
+                "counts": {r: n for r in (OK, NO_CHANGE, ROLLED_BACK, DEGRADED, HELD, REFUSED, SKIPPED, DRY_RUN)
                            if (n := sum(h.result == r for h in self.hosts))},
                 "started_at": self.started_at, "finished_at": self.finished_at,
                 "seconds": round(self.seconds, 3), "hosts": [h.to_json() for h in self.hosts]}
 
 
 def summary_lines(out: FleetOutcome) -> list[str]:
-    """The one table: a line per host."""
-    rows = [("HOST", "WAVE", "RESULT", "TIME", "RELEASE", "CAUSE")]
+    """The one table: a line per host. SERVING is what the host serves now as far as this run knows
+    ("-" when nothing verified does); CAUSE is why a host did not end on the new release, and
+    stays empty for those that did."""
+    rows = [("HOST", "WAVE", "RESULT", "TIME", "SERVING", "CAUSE")]
     for h in out.hosts:
         wave = "-" if h.wave is None else ("canary" if h.wave == 0 else str(h.wave))
         rows.append((h.host, wave, h.result, f"{h.seconds:.1f}s" if h.seconds else "-", h.release or "-",
@@ -173,18 +184,19 @@ def across(names: Sequence[str], fn: Callable[[str], T], *, jobs: int = 16) -> l
         return list(pool.map(one, names))
 
 
-def check_one(t: Target, mode: str, connect: Connect) -> Checked:
+def check_one(t: Target, connect: Connect) -> Checked:
     """Lock, pending record, releases and the whole preflight of one host; changes nothing."""
     t0 = time.monotonic()
-    p = t.profile
+    p, mode = t.profile, t.mode
     rendered = render(p, mode)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
-    plugin = build() if mode in PLUGIN_MODES else None
+    plugin = transaction.plugin_for(mode)
     with connect(p) as h:
         held = read_lock(h, layout)
         state = releases.read_state(h, layout)
         pf = run_preflight(h, p, mode, rendered, layout, plugin.version if plugin else "")
-    c = Checked(t.name, True, current=state.current, known_good=state.known_good, pending=state.pending,
+    kg = state.target(p)
+    c = Checked(t.name, True, current=state.current, known_good=kg.release_id if kg else None, pending=state.pending,
                 preflight=pf, seconds=time.monotonic() - t0)
     same = pf.installed_unit == rendered.unit_text and pf.installed_env == rendered.env_text
     # the diff is the single-host view (`deploy HOST --dry-run`); a fleet's plan says install / no change
@@ -246,7 +258,7 @@ class Interrupts:
 
 @dataclass
 class Options:
-    mode: str
+    mode: str | None  # --mode for every host; None: each host's profile `mode:`
     rollout: Rollout
     dry_run: bool = False
     assume_yes: bool = False
@@ -255,6 +267,10 @@ class Options:
     lock_wait_s: float = 0.0
     verbose: bool = False
     jobs: int = 16
+    # another per-host transaction than deploy (promote): how each host is checked read-only, and run
+    check: Callable[[Target, Connect], Checked] | None = None
+    run: Callable[..., Outcome] | None = None
+    verb: str = "Deploy"
 
 
 def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
@@ -262,8 +278,9 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     t_start, wall = time.monotonic(), time.time()
     names = [t.name for t in targets]
     by_name = {t.name: t for t in targets}
-    out = FleetOutcome(opts.mode, list(requested) or names, opts.rollout, [], [], started_at=utc(wall),
-                       dry_run=opts.dry_run)
+    modes = sorted({t.mode for t in targets})
+    out = FleetOutcome(opts.mode or (modes[0] if len(modes) == 1 else "per-host"), list(requested) or names,
+                       opts.rollout, [], [], started_at=utc(wall), dry_run=opts.dry_run, command=opts.verb.lower())
 
     def finish() -> FleetOutcome:
         out.seconds = time.monotonic() - t_start
@@ -276,11 +293,18 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
     # catalogue compiles once (about a second), not in every host's thread of the first wave.
     warm = threading.Thread(target=_warm_gate, daemon=True, name="warm-catalogue")
     warm.start()
-    output.say(f"preflight of {len(names)} host{'s' if len(names) != 1 else ''} ({opts.mode}) ...")
+    output.say(f"preflight of {len(names)} host{'s' if len(names) != 1 else ''} ({out.mode}) ...")
     checked: dict[str, Checked] = {}
-    for name, c, err in across(names, lambda n: check_one(by_name[n], opts.mode, connect), jobs=opts.jobs):
+    check = opts.check or check_one
+    for name, c, err in across(names, lambda n: check(by_name[n], connect), jobs=opts.jobs):
         checked[name] = c if c is not None else Checked(name, False, reason=f"unreachable: {err}")
     refused = [c for c in checked.values() if not c.ok]
+    held = [c for c in refused if c.held]
+    refused = [c for c in refused if not c.held]
+    for c in held:
+        output.say(f"  [yellow]held[/] {c.host}: {output.escape(c.reason)}")
+        out.hosts.append(HostResult(c.host, None, HELD, c.reason, shorten(c.reason), c.current,
+                                    by_name[c.host].release_id, c.known_good, c.seconds))
     for c in refused:
         output.say(f"  [red]refused[/] {c.host}: {output.escape(c.reason)}")
     plannable = [n for n in names if checked[n].ok]
@@ -302,7 +326,8 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
                                           "refused in preflight"))
         return finish()
     if not plannable:
-        out.stopped = "every host was refused; nothing was changed"
+        out.stopped = ("every host was held or refused; nothing was changed" if held else
+                       "every host was refused; nothing was changed")
         return finish()
     _announce(out, checked, by_name)
     if opts.dry_run:
@@ -312,7 +337,7 @@ def deploy_fleet(targets: Sequence[Target], connect: Connect, opts: Options,
                                         by_name[n].release_id, c.known_good, c.seconds))
         return finish()
     if not opts.assume_yes:
-        question = (f"Deploy {opts.mode} to {len(plannable)} hosts ({len(out.waves[0])} canary, then "
+        question = (f"{opts.verb} {out.mode} to {len(plannable)} hosts ({len(out.waves[0])} canary, then "
                     f"{len(out.waves) - 1} wave(s))?")
         if opts.confirm is None or not opts.confirm(question):
             why = ("refusing to change hosts without confirmation: pass --yes (stdin is not a terminal)"
@@ -382,7 +407,7 @@ def _announce(out: FleetOutcome, checked: Mapping[str, Checked], by_name: Mappin
 
 def _line(r: HostResult) -> str:
     colour = {OK: "green", NO_CHANGE: "green", ROLLED_BACK: "yellow", DEGRADED: "bold red", REFUSED: "red",
-              SKIPPED: "dim"}.get(r.result, "white")
+              SKIPPED: "dim", HELD: "yellow"}.get(r.result, "white")
     return f"[{colour}]{r.result:<11}[/] {r.host:<10} {r.seconds:6.1f}s  {r.release or '-'}  {output.escape(r.cause)}"
 
 
@@ -404,10 +429,38 @@ def _run_wave(wave: Sequence[str], index: int, by_name: Mapping[str, Target], ch
         th = threading.Thread(target=work, name=f"deploy-{name}", daemon=True)
         th.start()
         threads.append(th)
-    for th in threads:
-        while th.is_alive():
-            th.join(0.2)
+    watch_wave(threads, list(wave))
     return [results[n] for n in wave]
+
+
+def watch_wave(threads: Sequence[threading.Thread], hosts: list[str], every_s: float = 10.0) -> None:
+    """Wait for the wave, never silently: on a terminal a live line per host (its phase and the
+    seconds of its deadline), off one a progress line every `every_s`. The main thread only waits,
+    so Ctrl-C and SIGTERM still reach the fleet's handler at once."""
+    def running() -> list[str]:
+        return [h for h, th in zip(hosts, threads) if th.is_alive()]
+
+    def lines() -> list[str]:
+        return [f"  {h:<12} {s}" for h, s in output.statuses(running()).items()]
+
+    if output.err().is_terminal:
+        from rich.live import Live  # rich's live display: only for a fleet on a terminal
+        from rich.text import Text
+
+        with Live(Text(""), console=output.err(), refresh_per_second=4, transient=True) as live:
+            while running():
+                live.update(Text("\n".join(lines())))
+                for th in threads:
+                    th.join(0.05)
+        return
+    last = time.monotonic()
+    while running():
+        for th in threads:
+            th.join(0.2)
+        if running() and time.monotonic() - last >= every_s:
+            last = time.monotonic()
+            output.say("  ... " + "; ".join(f"{h}: {s}" for h, s in output.statuses(running()).items()),
+                       style="dim")
 
 
 def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Options, intr: Interrupts) -> HostResult:
@@ -420,8 +473,12 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
     with output.captured(t.name, echo=opts.verbose) as log:
         try:
             with connect(p) as h:
-                o = transaction.deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,
-                           lock_wait_s=opts.lock_wait_s, stop=lambda: intr.stop, abort=lambda: intr.abort)
+                if opts.run is not None:
+                    o = opts.run(h, p, stop=lambda: intr.stop, abort=lambda: intr.abort)
+                else:
+                    o = transaction.deploy(h, p, opts.mode, assume_yes=True, force_restart=opts.force_restart,
+                                           lock_wait_s=opts.lock_wait_s, stop=lambda: intr.stop,
+                                           abort=lambda: intr.abort)
             res.outcome = o
             res.result, res.reason = o.result, o.reason
             if o.result == REFUSED and o.reason == STOPPED:
@@ -449,7 +506,7 @@ def _deploy_one(t: Target, c: Checked, wave: int, connect: Connect, opts: Option
 
 def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
     if o.result in SERVING_NEW:
-        return "no changes" if o.result == NO_CHANGE else f"passed the gate in {o.timings.get('gate', 0):.1f}s"
+        return ""
     if o.result == REFUSED:
         return shorten(o.reason)
     head = rc.get("label") if rc else shorten(o.reason.split(";")[0].removeprefix("gate failed: "))
@@ -460,19 +517,6 @@ def _cause(o: Outcome, rc: Mapping[str, Any] | None) -> str:
 def shorten(text: str, limit: int = 120) -> str:
     text = " ".join(text.split())
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-_AUDIT = re.compile(r"^(\S+) \S+ (\w[\w-]*) \S+ release=(\S+)(?: mode=\S+)? result=(\S+)")
-
-
-def last_result(audit: Sequence[str]) -> str:
-    """The last deploy/rollback outcome in a host's audit log: `deploy dflash-ab12 passed (2026-...)`."""
-    for line in reversed(audit):
-        m = _AUDIT.match(line)
-        if m:
-            when, action, release, result = m.groups()
-            return f"{action} {release} {result.strip(chr(39))} ({when})"
-    return ""
 
 
 def causes(hosts: Sequence[HostResult]) -> list[tuple[str, list[str], str]]:

@@ -17,9 +17,12 @@ from ddtree_ops.status import DEGRADED, DRY_RUN, NO_CHANGE, OK, REFUSED, ROLLED_
 
 # a host a fleet never started (the rollout stopped before its turn); the other results are a deploy's
 SKIPPED = "skipped"
+# a promotion's host whose shadow does not (yet) justify the tree: reported, never a failure
+HELD = "held"
 FAILED = (ROLLED_BACK, DEGRADED)
 SERVING_NEW = (OK, NO_CHANGE)
-__all__ = ["OK", "NO_CHANGE", "DRY_RUN", "ROLLED_BACK", "DEGRADED", "REFUSED", "SKIPPED", "FAILED", "SERVING_NEW",
+__all__ = ["OK", "NO_CHANGE", "DRY_RUN", "ROLLED_BACK", "DEGRADED", "REFUSED", "SKIPPED", "HELD", "FAILED",
+           "SERVING_NEW",
            "Size", "Rollout", "parse_size", "parse_batch", "parse_budget", "plan_waves", "exit_code"]
 
 
@@ -109,13 +112,14 @@ def plan_waves(hosts: Sequence[str], rollout: Rollout, classes: Mapping[str, str
 
 
 def exit_code(results: Sequence[str]) -> int:
-    """0 every host serves the new release; 2 any host degraded; 3 nothing was changed anywhere
-    (refused before any change); 1 otherwise: not every host got the new release (rolled back,
-    refused or not started) and every host serves a known-good release."""
+    """0 every host serves the new release (a promotion: every host whose shadow justified the tree
+    serves it, the others held); 2 any host degraded; 3 nothing was changed anywhere (refused or held
+    before any change); 1 otherwise: not every host got the new release (rolled back, refused or not
+    started) and every host serves a known-good release."""
     if any(r == DEGRADED for r in results):
         return int(DeployExit.DEGRADED)
-    if all(r in SERVING_NEW or r == DRY_RUN for r in results):
-        return int(DeployExit.OK)
-    if all(r in (REFUSED, SKIPPED) for r in results):
+    if results and all(r in (REFUSED, SKIPPED, HELD) for r in results):
         return int(DeployExit.REFUSED)
+    if all(r in SERVING_NEW or r in (DRY_RUN, HELD) for r in results):
+        return int(DeployExit.OK)
     return int(DeployExit.ROLLED_BACK)

@@ -74,7 +74,9 @@ def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
                  plugin_version: str) -> tuple[dict[str, Any] | None, str]:
     """The launch flags through the host's own SGLang parser; the algorithm through its plugin loader.
     A pass is cached on the host per (argv, sglang and plugin install) since importing SGLang takes
-    seconds. Returns the check's report, or None and why it could not run."""
+    seconds: under /var/cache (`Layout.parser_cache`), never beside the state a refusal must leave
+    as it was, and written beside and renamed. Returns the check's report, or None and why it could
+    not run."""
     cfg = p.mode(mode)
     algo = cfg.algorithm if isinstance(cfg, (DDTreeShadowMode, DDTreeMode)) else ""
     env = {"SGLANG_PLUGINS": "ddtree"} if algo else {}
@@ -83,7 +85,7 @@ def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
     what = [args, algo, plugin_version if algo else ""] + (["tree"] if isinstance(cfg, DDTreeMode) else [])
     key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
     python = p.service.python
-    cache = f"{layout.root}/parser-ok"
+    cache = layout.parser_cache
     check = shlex.join(remote.env_run(env, remote.python_run(python, SGLANG_CHECK, json.dumps(args), algo)))
     # the cache key names the installed sglang and ddtree-ops dist-info directories, so a changed
     # install (or the plugin deployed a moment ago) is checked afresh
@@ -94,7 +96,7 @@ def sglang_check(host: Host, p: Profile, mode: str, rendered: Rendered, layout: 
               'if [ -n "$d" ] && [ -f "$c" ]; then cat "$c"; exit 0; fi; '
               f'out=$({check} 2>/dev/null); rc=$?; printf "%s\\n" "$out"; '
               'case "$out" in *\'"parse": "ok"\'*) if [ -n "$d" ]; then mkdir -p "$(dirname "$c")" && '
-              'printf "%s\\n" "$out" > "$c"; fi;; esac; exit $rc')
+              'printf "%s\\n" "$out" > "$c.new" && mv -f "$c.new" "$c"; fi;; esac; exit $rc')
     res = host.run(["sh", "-c", script], sudo=True, timeout=180)
     payload = res.stdout.rpartition("\x1d")[2].strip()
     try:

@@ -187,13 +187,16 @@ class MemoryPlan:
     def ranks(self) -> int:
         return self.tp * self.pp
 
+    def _split(self) -> str:
+        return f" (target {self.weights_gib:.1f} + draft {self.draft_weights_gib:.1f})" if self.draft_weights_gib else ""
+
     def summary(self) -> str:
         weights = self.weights_gib + self.draft_weights_gib
         if self.ranks == 1 and self.cards == 1:
             return (f"KV pool {self.tokens:,} tokens ({self.kv_gib:.1f} GiB at {self.cell_bytes / 1024:.0f} KiB/token) "
-                    f"= {self.mem_fraction_static:g} x {self.free_before_load_gib:.1f} GiB free - "
-                    f"{weights:.1f} GiB weights; needs "
-                    f"{self.context_length:,} x {self.concurrency} = {self.needed_tokens:,}")
+                    f"= {self.mem_fraction_static:g} x {self.free_before_load_gib:.1f} GiB free (the card's free "
+                    f"memory less {CUDA_CONTEXT_MIB} MiB of CUDA context) - {weights:.1f} GiB weights"
+                    f"{self._split()}; needs {self.context_length:,} x {self.concurrency} = {self.needed_tokens:,}")
         split = " x ".join(f"{k} {v}" for k, v in (("tp", self.tp), ("pp", self.pp)) if v > 1) or "1 rank"
         least = f" (the least of {self.cards} cards)" if self.cards > 1 else ""
         return (f"per rank ({split}): KV pool {self.tokens:,} tokens ({self.kv_gib:.1f} GiB at "

@@ -59,6 +59,25 @@ def _print(message: str, style: str | None = None) -> None:
     err().print(message, style=style)
 
 
+# the latest "where is it now" of each host a fleet runs on its own thread (the gate's phase and
+# seconds of its deadline): the fleet shows them while it waits, live on a terminal, else every 10 s
+_status: dict[str, str] = {}
+_status_lock = threading.Lock()
+
+
+def status(text: str) -> None:
+    """This thread's host is at `text` now (only inside `captured`: a single host prints its own lines)."""
+    cap = getattr(_local, "capture", None)
+    if cap is not None:
+        with _status_lock:
+            _status[cap[0]] = text
+
+
+def statuses(hosts: Sequence[str]) -> dict[str, str]:
+    with _status_lock:
+        return {h: _status.get(h, "starting") for h in hosts}
+
+
 def say(message: str, *, style: str | None = None) -> None:
     """A line for the operator, on stderr."""
     _print(message, style)

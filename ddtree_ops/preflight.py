@@ -158,8 +158,9 @@ def check_gpu(pf: Preflight, p: Profile, snap: GpuSnapshot) -> None:
     elif p.gpus is None:
         drift = abs(gpu.memory_total_mib - p.gpu.memory_mib) / p.gpu.memory_mib
         status = WARN if drift > 0.05 or gpu.name != p.gpu.model else OK
-        pf.add("gpu", status, f"{len(snap.gpus)} x {gpu.name} ({gpu.arch}), {gpu.memory_free_mib:,} of "
-                              f"{gpu.memory_total_mib:,} MiB free (via {snap.source})"
+        pf.add("gpu", status, f"{len(snap.gpus)} x {gpu.name} ({gpu.arch}), {gpu.memory_free_mib / 1024:.1f} of "
+                              f"{gpu.memory_total_mib / 1024:.1f} GiB free ({gpu.memory_free_mib:,} of "
+                              f"{gpu.memory_total_mib:,} MiB, via {snap.source})"
                               + ("" if status == OK else f"; profile says {p.gpu.model}, {p.gpu.memory_mib:,} MiB"))
     else:
         drifted = [f"card {c.index} is {g.name}, {g.memory_total_mib:,} MiB (profile: {c.model}, {c.memory_mib:,} MiB)"

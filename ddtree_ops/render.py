@@ -28,7 +28,7 @@ class Rendered:
     host: str
     mode: str
     release_id: str
-    profile_sha: str
+    inputs_sha: str  # sha256 (16 hex) of the profile keys this mode renders from: the unit header's inputs_sha256
     unit_name: str
     unit_path: str
     unit_text: str
@@ -43,7 +43,7 @@ class Rendered:
     def manifest(self) -> dict[str, object]:
         """What a release record keeps about itself (no secret values)."""
         doc: dict[str, object] = {"release_id": self.release_id, "host": self.host, "mode": self.mode,
-                                  "profile_sha256": self.profile_sha, "unit_name": self.unit_name,
+                                  "inputs_sha256": self.inputs_sha, "unit_name": self.unit_name,
                                   "unit_path": self.unit_path, "env_path": self.env_path, "argv": list(self.argv)}
         if self.service is not None:
             doc.update(service=self.service, node_rank=self.node_rank)
@@ -242,6 +242,19 @@ def fill_template(template: str, values: Mapping[str, str]) -> str:
     return re.sub(r"\{\{(\w+)\}\}", sub, template)
 
 
+def inputs_sha256(p: Profile, mode: str) -> str:
+    """The hash of the profile keys a mode's unit renders from (the unit header's inputs_sha256).
+    Secrets enter by reference, never by value; keys the unit does not use (gate, smoke) are out,
+    so changing them is no new release. `profile show` prints it beside the whole profile's hash."""
+    inputs = {"service": p.service.model_dump(mode="json"), "memory": p.memory.model_dump(mode="json"),
+              "gpu": p.gpu.model_dump(mode="json"), "mode": p.mode(mode).model_dump(mode="json"),
+              "name": mode}
+    for key in ("parallel", "gpus", "multinode"):  # only when set: single-GPU units keep their bytes
+        if getattr(p, key) is not None:
+            inputs[key] = json.loads(json.dumps(getattr(p, key), default=lambda o: o.model_dump(mode="json")))
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+
+
 def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
            template: str | None = None, release_id: str | None = None) -> Rendered:
     """`release_id`: the id a multi-node service's release has on every node (`render_service`);
@@ -263,13 +276,7 @@ def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
     env_text = header + "\n".join(env_lines) + "\n"
     env_redacted = header + "\n".join(shown_lines) + "\n"
 
-    inputs = {"service": s.model_dump(mode="json"), "memory": p.memory.model_dump(mode="json"),
-              "gpu": p.gpu.model_dump(mode="json"), "mode": cfg.model_dump(mode="json"),
-              "name": mode}
-    for key in ("parallel", "gpus", "multinode"):  # only when set: single-GPU units keep their bytes
-        if getattr(p, key) is not None:
-            inputs[key] = json.loads(json.dumps(getattr(p, key), default=lambda o: o.model_dump(mode="json")))
-    profile_sha = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()
+    inputs_sha = inputs_sha256(p, mode)
     stem = s.unit.removesuffix(".service")
     env_path = f"{s.env_dir}/{stem}.env"
     values = {
@@ -282,7 +289,7 @@ def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
         "exec_start_post": systemd_command(readiness_argv(p), what="ExecStartPost"),
         "timeout_start": _secs(s.timeout_start_s), "timeout_stop": _secs(s.timeout_stop_s),
         "restart_sec": _secs(s.restart_sec), "syslog_identifier": stem,
-        "profile_sha": profile_sha[:16],
+        "inputs_sha": inputs_sha[:16],
     }
     text = template if template is not None else (template_dir() / TEMPLATE).read_text(encoding="utf-8")
     # the release id hashes everything that reaches the host, secrets by their redacted digest
@@ -291,7 +298,7 @@ def render(p: Profile, mode: str, *, environ: Mapping[str, str] | None = None,
     release_id = release_id or f"{mode}-{digest[:12]}"
     unit_text = fill_template(text, {**values, "release_id": release_id})
     m = p.multinode
-    return Rendered(host=p.name, mode=mode, release_id=release_id, profile_sha=profile_sha[:16],
+    return Rendered(host=p.name, mode=mode, release_id=release_id, inputs_sha=inputs_sha[:16],
                     unit_name=s.unit, unit_path=f"/etc/systemd/system/{s.unit}", unit_text=unit_text,
                     env_path=env_path, env_text=env_text, env_redacted=env_redacted, argv=tuple(argv),
                     digest=digest, service=m.service if m else None, node_rank=m.node_rank if m else 0)

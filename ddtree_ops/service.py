@@ -27,20 +27,21 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from ddtree_ops import attempts as records
 from ddtree_ops import gate as gating
 from ddtree_ops import lock, output, releases, remote
 from ddtree_ops.errors import OpsError
 from ddtree_ops.host import Host, HostError
 from ddtree_ops.observe import parse_cursor, parse_systemctl_show, read_files
 from ddtree_ops.profile import PLUGIN_MODES
-from ddtree_ops.releases import Change, StoredRelease
+from ddtree_ops.releases import Change, Step, StoredRelease
 from ddtree_ops.render import Rendered, render_service
 from ddtree_ops.service_nodes import (NodeFailure, NodeState, Service, consistent, each, first_failed, gate_failures,
                                       read_node_states)
 from ddtree_ops.service_preflight import ServicePreflight, preflight_service
 from ddtree_ops.status import DeployExit
 from ddtree_ops.transaction import (Outcome, degrade, env_path_of, gate_progress, install_plugin, make_diff, reconnect,
-                                    record_rollback, refusal, settle_rollback, stage_files, unit_path_of)
+                                    refusal, settle_rollback, stage_files, unit_path_of)
 from ddtree_ops.wheel import build
 
 
@@ -115,11 +116,13 @@ def _stop_all(hosts: Sequence[Host], svc: Service) -> None:
 
 def rollback_nodes(hosts: Sequence[Host], svc: Service, *, why: str,
                    targets: Sequence[str | None] | None = None) -> tuple[bool, str, gating.ServiceGateResult | None]:
-    """Every node back to its known-good release (or `targets`), through the service's gate.
-    A node without one: the service is stopped on every node (a partial service cannot serve), and
-    that is a failure the caller reports as degraded."""
+    """Every node back to its rollback target (or `targets`), through the service's gate, as a
+    rollback attempt on each node; an unfinished change a node's pending.json names ends
+    `interrupted` first. A node without a target: the service is stopped on every node (a partial
+    service cannot serve), and that is a failure the caller reports as degraded."""
     states = [releases.read_state(h, svc.layout(i)) for i, h in enumerate(hosts)]
-    ids = list(targets) if targets is not None else [s.known_good for s in states]
+    ids = list(targets) if targets is not None else [
+        (t.release_id if (t := s.target(svc.nodes[i])) else None) for i, s in enumerate(states)]
     stored: list[StoredRelease | None] = [releases.load_release(h, svc.layout(i), rid) if rid else None
                                           for i, (h, rid) in enumerate(zip(hosts, ids))]
     missing = [svc.hosts[i] for i, r in enumerate(stored) if r is None]
@@ -134,28 +137,28 @@ def rollback_nodes(hosts: Sequence[Host], svc: Service, *, why: str,
     rid = ids[0]
     output.say(f"{svc.name}: rolling every node back to {rid if len(set(ids)) == 1 else ', '.join(map(str, ids))}: "
                f"{output.escape(why)}", style="bold yellow")
-    changes = []
+    changes, steps = [], []
     for i, (h, rel, st) in enumerate(zip(hosts, stored, states)):
         assert rel is not None
         env_path = rel.meta.get("env_path") or env_path_of(svc.nodes[i])
         unit_path = rel.meta.get("unit_path") or unit_path_of(svc.nodes[i])
         files = read_files(h, [env_path, unit_path])
-        ch = Change().write(svc.layout(i).pending, releases.pending_doc(rel.release_id, st.current, "rollback"))
-        ch.audit(svc.layout(i), f"rollback {svc.name} node={svc.hosts[i]} release={rel.release_id} reason={why!r}")
-        changes.append(stage_files(ch, unit_path, rel.unit, env_path, rel.env, (files[env_path], files[unit_path])))
+        ch = releases.migrate_records(Change(), svc.layout(i), st)
+        if st.pending:
+            releases.end_interrupted(ch, svc.layout(i), svc.hosts[i], st, why)
+        step = Step(svc.layout(i), "rollback", rel.release_id, rel.meta.get("mode", "?"), svc.hosts[i],
+                    previous=st.current, cause=why)
+        steps.append(step)
+        step.begin(ch)
+        stage_files(ch, unit_path, rel.unit, env_path, rel.env, (files[env_path], files[unit_path]))
+        changes.append(ch.mark(svc.layout(i).current, rel.release_id))
     _stage(hosts, svc, changes)
     starts = restart_in_order(hosts, svc)
     mode = (stored[0].meta.get("mode") if stored[0] else None) or svc.rank0.known_good_mode
     result = gating.run_service_gate(starts, mode, on_progress=gate_progress("rollback"))
-    for i, (h, rel) in enumerate(zip(hosts, stored)):
-        assert rel is not None
-        done = Change()
-        if result.passed:
-            done.mark(svc.layout(i).current, rel.release_id).remove(svc.layout(i).pending).audit(
-                svc.layout(i), f"rollback {svc.name} node={svc.hosts[i]} release={rel.release_id} result=healthy")
-        else:
-            done.audit(svc.layout(i), f"rollback {svc.name} node={svc.hosts[i]} release={rel.release_id} "
-                                      f"result=FAILED {result.reason!r}")
+    for h, step in zip(hosts, steps):
+        done = step.end(Change(), records.PASSED if result.passed else records.FAILED,
+                        "" if result.passed else result.reason)
         releases.apply(h, done, what="recording the rollback's result")
     return result.passed, result.reason, result
 
@@ -225,8 +228,8 @@ def deploy_service(hosts: Sequence[Host], svc: Service, mode: str, *, dry_run: b
         if not spf.ok:
             out.reason = "preflight refused the deploy: " + _refusal(spf)
             return finish()
-        kgs = [s.known_good for s in states]
-        out.known_good = kgs[0]
+        kg = states[0].target(svc.rank0)
+        out.known_good = kg.release_id if kg else None
         same = all(pf.installed_unit == r.unit_text and pf.installed_env == r.env_text and not pf.plugin_needed
                    for pf, r in zip(spf.nodes, rendered))
         if same and not force_restart:
@@ -255,7 +258,8 @@ def _transaction(hosts: Sequence[Host], svc: Service, mode: str, rendered: Seque
                  abort: Callable[[], bool] | None) -> None:
     rid = rendered[0].release_id
     touched = False
-    metas = [releases.meta_for(r, "pending") for r in rendered]
+    steps = [Step(svc.layout(i), "deploy", rid, mode, svc.hosts[i], previous=st.current)
+             for i, st in enumerate(states)]
     try:
         for i, (h, pf) in enumerate(zip(hosts, spf.nodes)):
             if plugin is not None and pf.plugin_needed:
@@ -265,12 +269,14 @@ def _transaction(hosts: Sequence[Host], svc: Service, mode: str, rendered: Seque
         changes = []
         for i, (r, pf, st) in enumerate(zip(rendered, spf.nodes, states)):
             lay = svc.layout(i)
-            ch = releases.record_release(Change(), lay, rid, r.unit_text, r.env_text, metas[i])
-            ch.write(lay.pending, releases.pending_doc(rid, st.current, "deploy")).audit(
-                lay, f"deploy {svc.name} node={svc.hosts[i]} release={rid} mode={mode} start")
+            ch = releases.migrate_records(Change(), lay, st)
+            if rid not in st.metas:
+                releases.record_release(ch, lay, rid, r.unit_text, r.env_text, releases.meta_for(r))
+            steps[i].begin(ch)
             installed = (pf.installed_env.encode() if pf.installed_env is not None else None,
                          pf.installed_unit.encode() if pf.installed_unit is not None else None)
-            changes.append(stage_files(ch, r.unit_path, r.unit_text, r.env_path, r.env_text, installed))
+            stage_files(ch, r.unit_path, r.unit_text, r.env_path, r.env_text, installed)
+            changes.append(ch.mark(lay.current, rid))
         touched = True
         _stage(hosts, svc, changes)
         starts = restart_in_order(hosts, svc)
@@ -282,12 +288,8 @@ def _transaction(hosts: Sequence[Host], svc: Service, mode: str, rendered: Seque
         out.timings["gate"] = result.elapsed_s
         if result.passed:
             for i, h in enumerate(hosts):
-                lay = svc.layout(i)
-                done = releases.set_status(Change(), lay, metas[i], "good")
-                done.mark(lay.known_good, rid).mark(lay.current, rid).remove(lay.pending).audit(
-                    lay, f"deploy {svc.name} node={svc.hosts[i]} release={rid} result=passed")
-                releases.apply(h, done, what="recording the passed deploy")
-                releases.prune(h, lay, svc.nodes[i].releases.keep)
+                releases.apply(h, steps[i].end(Change(), records.PASSED), what="recording the passed deploy")
+                releases.prune(h, svc.layout(i), svc.nodes[i].releases.keep, svc.nodes[i])
             out.exit_code, out.result, out.reason = DeployExit.OK, "ok", result.reason
             out.known_good = rid
             return
@@ -297,25 +299,26 @@ def _transaction(hosts: Sequence[Host], svc: Service, mode: str, rendered: Seque
         out.diagnosis["first_failed"] = None if out.failure is None else out.failure.to_json()
         out.evidence = [f"{svc.hosts[first]}: {ln.message}" for ln in result.states[first].lines[-25:]]
         out.reason = f"gate failed: {out.failure.describe() if out.failure else result.reason}"
-        for i, h in enumerate(hosts):
-            releases.apply(h, releases.set_status(Change(), svc.layout(i), metas[i], "failed").audit(
-                svc.layout(i), f"deploy {svc.name} node={svc.hosts[i]} release={rid} result=FAILED {result.reason!r}"),
-                what="recording the failure")
+        for h, step in zip(hosts, steps):
+            releases.apply(h, step.end(Change(), records.FAILED, result.reason), what="recording the failure")
     except KeyboardInterrupt:
         if not touched:
             raise
         out.reason = "interrupted (Ctrl-C) after the nodes were changed"
         output.warn(f"{svc.name}: interrupted; rolling every node back to its known-good release")
+        _end_all(hosts, steps, records.INTERRUPTED, out.reason)
     except HostError as exc:
         out.reason = f"the connection to a node dropped while installing {rid}: {exc}"
         if not all(reconnect(h) for h in hosts):
             degrade(out, f". The nodes keep a pending record for {rid}; `ddtree-ops rollback {svc.name}` (or a deploy) "
                          "rolls every node back once they are reachable.")
             return
+        _end_all(hosts, steps, records.INTERRUPTED, out.reason)
     except OpsError as exc:
         if not touched:
             raise
         out.reason = f"installing {rid} failed: {exc}"
+        _end_all(hosts, steps, records.FAILED, str(exc))
     t_rb = time.monotonic()
     try:
         passed, why, rb = rollback_nodes(hosts, svc, why=out.reason)
@@ -328,19 +331,44 @@ def _transaction(hosts: Sequence[Host], svc: Service, mode: str, rendered: Seque
                     failed=f"; the rollback ALSO FAILED: {why}")
 
 
-def rollback_service(hosts: Sequence[Host], svc: Service, *, to: str | None = None,
-                     lock_wait_s: float = 0) -> ServiceOutcome:
-    """Every node back to its known-good release (or `to`, kept on every node), together."""
+def _end_all(hosts: Sequence[Host], steps: Sequence[Step], outcome: str, cause: str) -> None:
+    """Each node's attempt ends alike; a node out of reach keeps its pending record for the next run."""
+    for h, step in zip(hosts, steps):
+        try:
+            releases.apply(h, step.end(Change(), outcome, cause), what=f"recording the {outcome} attempt")
+        except (HostError, OpsError) as exc:
+            output.warn(f"{step.host}: could not record the attempt's end ({exc}); its pending record stays")
+
+
+def rollback_service(hosts: Sequence[Host], svc: Service, *, to: str | None = None, lock_wait_s: float = 0,
+                     dry_run: bool = False, assume_yes: bool = False,
+                     confirm: Callable[[str], bool] | None = None) -> ServiceOutcome:
+    """Every node back to its rollback target (or `to`, kept on every node), together; it asks
+    first, as a deploy does."""
     t0 = time.monotonic()
     out = ServiceOutcome(svc.name, svc.rank0.known_good_mode, to or "", DeployExit.REFUSED, "refused", "",
-                         service=svc.name, node_names=svc.hosts)
+                         service=svc.name, node_names=svc.hosts, command="rollback")
     with ExitStack() as held:
         for i, h in enumerate(hosts):
             held.enter_context(lock.held(h, svc.layout(i), command=f"rollback {svc.name}", release=to,
                                          wait_s=lock_wait_s))
         states = [releases.read_state(h, svc.layout(i)) for i, h in enumerate(hosts)]
-        out.known_good = states[0].known_good
-        out.release_id = to or states[0].known_good or ""
+        kg = states[0].target(svc.rank0)
+        out.known_good = kg.release_id if kg else None
+        out.release_id = to or out.known_good or ""
+        if not out.release_id:
+            out.reason = f"{svc.name}: no release has passed on {svc.hosts[0]}; nothing to roll back to"
+            return out
+        if dry_run:
+            out.exit_code, out.result = DeployExit.OK, "dry-run"
+            out.reason = f"dry run: would roll every node back to {out.release_id}; nothing changed"
+            out.nodes = read_node_states(hosts, svc)
+            return out
+        why_not = refusal(f"Roll {svc.describe()} back to {out.release_id} and restart {svc.unit} on every node?",
+                          "hosts", assume_yes=assume_yes, confirm=confirm, stop=None)
+        if why_not:
+            out.reason = why_not
+            return out
         pending = [s.pending for s in states if s.pending]
         why = "requested by the operator" if not pending else (
             f"the {pending[0].get('action')} of {pending[0].get('release_id')} did not finish")
@@ -352,8 +380,6 @@ def rollback_service(hosts: Sequence[Host], svc: Service, *, to: str | None = No
             return out
         out.gate = rb  # type: ignore[assignment]
         if passed:
-            for i, (h, st) in enumerate(zip(hosts, states)):
-                record_rollback(h, svc.layout(i), out.release_id, st.pending)
             out.exit_code, out.result, out.reason = DeployExit.OK, "ok", f"{out.release_id} serving on every node: {reason}"
         else:
             if rb is not None:

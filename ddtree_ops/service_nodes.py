@@ -195,7 +195,8 @@ def read_node_states(hosts: Sequence[Host], svc: Service) -> list[NodeState]:
         st = NodeState(svc.hosts[i], i)
         try:
             s = releases.read_state(h, svc.layout(i))
-            st.current, st.known_good, st.pending = s.current, s.known_good, s.pending
+            kg = s.target(svc.nodes[i])
+            st.current, st.known_good, st.pending = s.current, kg.release_id if kg else None, s.pending
             u = unit_state(h, svc.unit)
             st.unit = u.describe()
             # rank 0 serves the API; the others answer SGLang's own health check on the same port
@@ -253,7 +254,7 @@ def merge_history(names: Sequence[str], per_node: Sequence[tuple[list[releases.R
     for name, (rels, _pending, _audit) in zip(names, per_node):
         for r in rels:
             row = seen.setdefault(r.release_id, {"mode": r.mode, "created_at": r.created_at, "by": r.by, "nodes": {}})
-            marks = " ".join(m for m, on in (("known-good", r.known_good), ("current", r.current)) if on)
+            marks = r.marks()
             row["nodes"][name] = (r.status + (" " + marks if marks else ""))
             row["created_at"] = min(row["created_at"], r.created_at) if row["created_at"] else r.created_at
     out = [ServiceRelease(rid, d["mode"], d["created_at"], d["by"], {n: d["nodes"].get(n, "-") for n in names})
@@ -262,7 +263,11 @@ def merge_history(names: Sequence[str], per_node: Sequence[tuple[list[releases.R
 
 
 def service_history(hosts: Sequence[Host], svc: Service) -> tuple[list[ServiceRelease], list[tuple[str, Any, list[str]]]]:
-    per_node = each(list(hosts), lambda i, h: releases.history(h, svc.layout(i)))
+    def one(i: int, h: Host) -> tuple[list[releases.ReleaseInfo], Any, list[str]]:
+        st = releases.read_state(h, svc.layout(i))
+        return releases.release_rows(st, svc.nodes[i]), st.pending, st.audit
+
+    per_node = each(list(hosts), one)
     return merge_history(svc.hosts, per_node), [(n, pn[1], pn[2]) for n, pn in zip(svc.hosts, per_node)]
 
 

@@ -6,8 +6,7 @@
     asking             `refusal`: no way to ask, not confirmed, or a fleet's stop
     the gate's lines   `gate_progress`: what an operator sees while a start is gated
     after a failure    `reconnect` after a dropped connection, `settle_rollback`: exit 1 when the
-                       rollback left the known-good release healthy, exit 2 when it did not,
-                       `record_rollback`: the known-good marker and the failed release's status
+                       rollback left the known-good release healthy, exit 2 when it did not
     the plugin         `install_plugin` into the host's SGLang venv
 
 Everything here acts on one host; the service applies it node by node.
@@ -20,12 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ddtree_ops import gate as gating
-from ddtree_ops import output, releases, remote
+from ddtree_ops import output, remote
 from ddtree_ops.host import Host, HostError, HttpUnavailable
 from ddtree_ops.observe import unit_state
+from ddtree_ops.plan import Plan
 from ddtree_ops.preflight import Preflight
 from ddtree_ops.profile import Profile
-from ddtree_ops.releases import Change, Layout
+from ddtree_ops.releases import Change
 from ddtree_ops.render import Rendered, redact
 from ddtree_ops.status import DEGRADED, ROLLED_BACK, DeployExit
 
@@ -51,6 +51,9 @@ class Outcome:
     timings: dict[str, float] = field(default_factory=dict)
     round_trips: int = 0
     events: list[str] = field(default_factory=list)
+    command: str = "deploy"  # deploy | rollback | promote: the command this outcome answers
+    plan: Plan | None = None
+    attempt: str | None = None  # the id of the attempt this command recorded on the host, if any
 
     def to_json(self) -> dict[str, Any]:
         def gate_json(g: gating.GateResult | None) -> dict[str, Any] | None:
@@ -60,9 +63,10 @@ class Outcome:
                     "ready_after_s": g.state.ready_at,
                     "smoke": None if g.state.smoke is None else g.state.smoke.__dict__}
 
-        return {"command": "deploy", "host": self.host, "mode": self.mode, "release_id": self.release_id,
-                "result": self.result, "exit_code": self.exit_code, "reason": self.reason,
-                "known_good": self.known_good,
+        return {"command": self.command, "host": self.host, "mode": self.mode, "release_id": self.release_id,
+                "result": self.result, "exit_code": int(self.exit_code), "reason": self.reason,
+                "known_good": self.known_good, "attempt": self.attempt,
+                "plan": None if self.plan is None else self.plan.to_json(),
                 "preflight": None if self.preflight is None else self.preflight.to_json(),
                 "gate": gate_json(self.gate), "rollback_gate": gate_json(self.rollback_gate),
                 "diagnosis": self.diagnosis, "evidence": self.evidence,
@@ -165,6 +169,9 @@ def gate_progress(label: str, abort: Callable[[], bool] | None = None
         if abort is not None and abort():
             # a fleet interrupted twice: this host rolls back now, as a single deploy does on Ctrl-C
             raise KeyboardInterrupt
+        output.status(f"{label} {obs.t:.0f}s of {state.cfg.deadline_s:g}s: {state.phase.value}, "
+                      f"waiting for {state.waiting_for()} (unit {obs.unit.active}/{obs.unit.sub})"
+                      if state.status is gating.Status.WAIT else f"{label}: {state.status.value}")
         if state.phase != last["phase"] or obs.t - last["t"] >= 10:
             last["phase"], last["t"] = state.phase, obs.t
             if state.status is gating.Status.WAIT:
@@ -206,17 +213,6 @@ def settle_rollback(out: Outcome, passed: bool, *, healthy: str, failed: str) ->
         out.reason += healthy
     else:
         degrade(out, failed)
-
-
-def record_rollback(host: Host, layout: Layout, target: str, pending: dict[str, Any] | None) -> None:
-    """A rollback passed: `target` is known-good again, and the release an unfinished change was
-    installing is marked failed."""
-    done = Change().mark(layout.known_good, target)
-    if pending and pending.get("release_id") not in (None, target):
-        failed = releases.load_release(host, layout, pending["release_id"])
-        if failed is not None:
-            releases.set_status(done, layout, failed, "failed")
-    releases.apply(host, done, what="recording the rollback")
 
 
 def install_plugin(host: Host, p: Profile, plugin: Any) -> None:

@@ -116,3 +116,29 @@ def generate(host: Any, prompt: str = "The capital of France is", max_new_tokens
         "temperature": 0, "max_new_tokens": max_new_tokens}}, timeout=20)
     assert resp.status == 200, resp.text
     return resp.json()
+
+
+# --------------------------------------------------------------------------- a host's own files, and its baseline
+
+
+# what ddtree-ops keeps or installs on a host: its state directory, the env file and the unit
+TOOL_FILES = ("/var/lib/ddtree-ops", "/etc/ddtree-ops", f"/etc/systemd/system/{UNIT}")
+
+
+def snapshot(lab: Any, host: str) -> dict[str, str]:
+    """sha256 of every file the tool keeps or installs on the host, by path: two snapshots equal
+    means byte-identical files, none added and none removed."""
+    res = lab.exec(host, ["sh", "-c", 'find "$@" -type f -print0 2>/dev/null | sort -z | xargs -0r sha256sum', "sh",
+                          *TOOL_FILES])
+    return {path: digest for digest, path in (line.split(None, 1) for line in res.stdout.splitlines() if line.strip())}
+
+
+def back_to_baseline(lab: Any, host: str) -> None:
+    """The host on its NEXTN rollback target, healthy, no fault set. `rollback HOST` does nothing
+    when it is there already (the common case) and reinstalls it otherwise; a host where nothing
+    ever passed (still the lab's hand-made NEXTN unit) is brought there by a NEXTN deploy."""
+    lab.clear(host)
+    res = run(lab, "rollback", host, "--yes")
+    if res.returncode == 3 and "no release has passed" in res.stderr:
+        res = run(lab, "deploy", host, "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
+    assert res.returncode == 0, res.stderr[-3000:]

@@ -1,20 +1,30 @@
-"""The pair's text and tokenizer: the Python sources on the machine itself, a byte-level BPE.
+"""The pair's text and tokenizer: Python sources, a byte-level BPE.
 
-Files come from the standard library (`sysconfig.get_paths()['stdlib']`, its own site-packages
-left out) and from every `site.getsitepackages()` directory. Each file has a key
-(`stdlib/<relpath>` or `site/<relpath>`), and everything is ordered by the SHA-1 of that key, not
-by walk order or by name: the same files give the same corpus, and a byte cap takes a spread of
-packages rather than the first ones in the alphabet. A file is held out when its key's hash says
-so (one in `heldout_mod`), decided before any training, so held-out text is never trained on.
+Two sources of text, by the scale's `text`:
+- "shipped" (the `test` scale, which the test suite trains): 43 modules of CPython 3.11.7's
+  standard library, kept in the repository (`text/cpython-3.11.7-lib.jsonl.xz`, PSF License,
+  `text/README.md`; `make_text.py` wrote it) and checked against `SHIPPED_SHA256` on every read.
+  The same on every machine, so the tokenizer and the weights depend only on the seed and on
+  the float arithmetic of the machine's torch.
+- "machine" (the `cpu` and `gpu` scales): the Python sources on the machine itself, the standard
+  library (`sysconfig.get_paths()['stdlib']`, its own site-packages left out) and every
+  `site.getsitepackages()` directory. Which files exist differs from machine to machine (a Python
+  version and its packages), so the corpus, the tokenizer and every weight do too; the run's
+  `train_meta.json` records the hash of the text it read (`text_digest`), so two runs can be told
+  to have read the same corpus or not.
 
-What is not the same across machines: which files exist (a Python version and its packages);
-so the corpus, the tokenizer and then every weight differ from one machine to another.
+Each file has a key (`stdlib/<relpath>` or `site/<relpath>`), and everything is ordered by the
+SHA-1 of that key, not by walk order or by name: the same files give the same corpus, and a byte
+cap takes a spread of packages rather than the first ones in the alphabet. A file is held out when
+its key's hash says so (one in `heldout_mod`), decided before any training, so held-out text is
+never trained on.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import lzma
 import os
 import site
 import sysconfig
@@ -26,13 +36,16 @@ EOS = "<|endoftext|>"
 MASK = "<|MASK|>"
 SPECIAL = (EOS, MASK)          # ids 0 and 1: the document separator / eos, and DFlash's mask token
 SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages"}
+SHIPPED = Path(__file__).resolve().parent / "text" / "cpython-3.11.7-lib.jsonl.xz"
+SHIPPED_SHA256 = "39d268e3a3b1293df628bc764cc8163e6dd324f4b7bf90286999c5369c32076f"   # of the JSON lines
 
 
 @dataclass(frozen=True)
 class SourceFile:
     key: str
-    path: Path
+    path: Path | None            # None: the text is in memory (the shipped corpus)
     size: int
+    text: str | None = None
 
     @property
     def digest(self) -> int:
@@ -71,6 +84,46 @@ def python_sources(max_file_bytes: int, roots: list[tuple[str, Path]] | None = N
     return sorted(found.values(), key=lambda f: (f.digest, f.key))
 
 
+def shipped_sources(path: Path = SHIPPED, sha256: str = SHIPPED_SHA256) -> list[SourceFile]:
+    """The shipped corpus, in hash order; refused unless its content hash is the recorded one
+    (a changed file would silently make another pair)."""
+    try:
+        data = lzma.decompress(path.read_bytes())
+    except (OSError, lzma.LZMAError) as exc:
+        raise ValueError(f"{path}: cannot read the shipped corpus ({exc})") from None
+    got = hashlib.sha256(data).hexdigest()
+    if got != sha256:
+        raise ValueError(f"{path}: content sha256 {got} is not the recorded {sha256} (corpus.SHIPPED_SHA256); "
+                         "the shipped corpus changed")
+    files = []
+    for n, line in enumerate(data.decode("utf-8").splitlines(), 1):
+        doc = json.loads(line)
+        if not isinstance(doc, dict) or not isinstance(doc.get("key"), str) or not isinstance(doc.get("text"), str):
+            raise ValueError(f"{path}: line {n} is not {{\"key\": str, \"text\": str}}")
+        files.append(SourceFile(doc["key"], None, len(doc["text"].encode("utf-8")), doc["text"]))
+    return sorted(files, key=lambda f: (f.digest, f.key))
+
+
+def sources(text: str, max_file_bytes: int) -> list[SourceFile]:
+    """The scale's files: "shipped" (fixed, in the repository) or "machine" (this machine's)."""
+    if text == "shipped":
+        return [f for f in shipped_sources() if f.size <= max_file_bytes]
+    if text == "machine":
+        return python_sources(max_file_bytes)
+    raise ValueError(f"unknown corpus text {text!r}: expected 'shipped' or 'machine'")
+
+
+def text_digest(keys: list[str], texts: list[str]) -> str:
+    """SHA-256 over the (key, text) pairs in order: the corpus a run read, as one hash."""
+    h = hashlib.sha256()
+    for key, text in zip(keys, texts):
+        for part in (key, text):
+            b = part.encode("utf-8")
+            h.update(len(b).to_bytes(8, "big"))
+            h.update(b)
+    return h.hexdigest()
+
+
 def is_heldout(f: SourceFile, heldout_mod: int) -> bool:
     return (f.digest >> 20) % heldout_mod == 0
 
@@ -82,7 +135,7 @@ def read_texts(files: list[SourceFile], cap_bytes: int) -> tuple[list[str], list
         if total >= cap_bytes:
             break
         try:
-            text = f.path.read_text(encoding="utf-8")
+            text = f.text if f.text is not None else f.path.read_text(encoding="utf-8")  # type: ignore[union-attr]
         except (OSError, UnicodeDecodeError):
             continue
         keys.append(f.key)

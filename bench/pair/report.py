@@ -70,6 +70,21 @@ def rows(meta: dict[str, Any] | None, curve: dict[str, Any] | None, run: dict[st
     return out
 
 
+def table_only(ap: Any, argv: list[str] | None, table: Any) -> Any:
+    """The measurement scripts' shared front: `--table FILE` prints the table of a raw file written
+    before (None is returned: nothing to run); otherwise `--out` is required and the arguments
+    come back."""
+    ap.add_argument("--out", type=Path, help="write the raw results here (JSON)")
+    ap.add_argument("--table", type=Path, help="print the table of a file written before, and stop")
+    args = ap.parse_args(argv)
+    if args.table:
+        print(table(json.loads(args.table.read_text())))
+        return None
+    if not args.out:
+        ap.error("--out or --table")
+    return args
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print("usage: report.py RESULTS_DIR", file=sys.stderr)

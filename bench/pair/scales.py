@@ -1,5 +1,7 @@
 """The three sizes the one training script runs at: gpu (the H200), cpu (this machine, minutes),
 test (inside the test suite). Step counts, never a clock: a run is the same run wherever it stops.
+The test scale trains on the corpus shipped in the repository (the same on every machine); the
+others on the machine's own Python sources, whose hash their train_meta.json records (corpus.py).
 
 The gpu budget (the whole of train.py at most ~240 s on one H200, see docs/pair.md for the
 arithmetic, `flops()` below): target 8 x 512, 29 M parameters, 2500 steps of 64 x 512 tokens
@@ -62,6 +64,7 @@ class Scale:
     prompts: int = 64
     prompt_len: int = 64
     max_position: int = 2048
+    text: str = "machine"        # the corpus: "machine" (this machine's Python sources) or "shipped" (corpus.py)
     notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -94,7 +97,7 @@ SCALES: dict[str, Scale] = {
         draft=DraftScale(layers=1, target_layer_ids=(0, 2), block_size=8, prompt_len=32, gen_len=64,
                          gen_seqs=256, gen_batch=128, batch=16, anchors=8, steps=200, lr=3e-3, warmup=20,
                          gamma=4.0, eval_seqs=32),
-        eval_windows=16, prompts=6, prompt_len=32),
+        eval_windows=16, prompts=6, prompt_len=32, text="shipped"),
 }
 
 

@@ -6,7 +6,8 @@
 
 Writes DIR/target/ and DIR/draft/ (config.json, model.safetensors, tokenizer files), and
 DIR/train_curve.json, DIR/train_meta.json, DIR/prompts.json. What it does, in order:
-1. the corpus: the machine's own Python sources, held-out files picked by hash (corpus.py);
+1. the corpus: the shipped CPython modules (scale test) or the machine's own Python sources
+   (cpu, gpu), held-out files picked by hash, the text's hash recorded (corpus.py);
 2. a byte-level BPE trained on the training files;
 3. the target trained from scratch (target.py), rounded to bf16, its held-out loss and peakedness;
 4. the measurement prompts cut from held-out text (prompts.json);
@@ -118,7 +119,7 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
         t = time.perf_counter()
 
     # 1-2. corpus and tokenizer
-    files = corpus.python_sources(scale.max_file_bytes)
+    files = corpus.sources(scale.text, scale.max_file_bytes)
     train_files = [f for f in files if not corpus.is_heldout(f, scale.heldout_mod)]
     held_files = [f for f in files if corpus.is_heldout(f, scale.heldout_mod)]
     train_keys, train_texts = corpus.read_texts(train_files, scale.corpus_bytes)
@@ -231,7 +232,8 @@ def run(scale: Any, out: Path, seed: int, device: str, nondeterministic: list[st
         "gpu": torch.cuda.get_device_name(0) if device.startswith("cuda") else None,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,
                      "transformers": transformers.__version__, "tokenizers": tokenizers.__version__},
-        "corpus": {"train_files": len(train_keys), "heldout_files": len(held_keys),
+        "corpus": {"text": scale.text, "sha256": corpus.text_digest(train_keys + held_keys, train_texts + held_texts),
+                   "train_files": len(train_keys), "heldout_files": len(held_keys),
                    "train_bytes": sum(map(len, train_texts)), "train_tokens": len(train_stream),
                    "heldout_tokens": len(held_stream), "chars_per_token": round(sum(map(len, train_texts)) /
                                                                               max(1, len(train_stream)), 3),

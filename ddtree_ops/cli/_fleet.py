@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 # --------------------------------------------------------------------------- deploy
 
 
-def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: str, overrides: Sequence[str], rollout: Any,
+def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str], overrides: Sequence[str], rollout: Any,
                 dry_run: bool, yes: bool, force_restart: bool, lock_wait: float, verbose: bool, as_json: bool,
                 ssh_config: Optional[str]) -> int:
     # the library loads pydantic (profiles) and the transaction: only when the command runs
@@ -36,12 +36,13 @@ def deploy_many(inv: "Inventory", names: Sequence[str], *, mode: str, overrides:
         raise UsageError(f"{' '.join(names)}: no hosts")
     targets = []
     for name, p in hosts:
-        p.mode(mode)  # an unconfigured mode is a usage error before any connection
+        p.mode(mode or p.desired_mode)  # an unconfigured mode is a usage error before any connection
         stay = rollout.canary_stay_s
         if stay is not None and stay >= p.gate.startup_deadline_s:
             raise UsageError(f"--canary-stay {stay:g} must be shorter than {name}'s gate.startup_deadline_s "
                              f"({p.gate.startup_deadline_s:g})")
-        targets.append(fleet.Target(name, p, render(p, mode).release_id, f"{p.gpu.model} {p.gpu.arch}"))
+        run = mode or p.desired_mode
+        targets.append(fleet.Target(name, p, render(p, run).release_id, f"{p.gpu.model} {p.gpu.arch}", run))
     opts = fleet.Options(mode, rollout, dry_run=dry_run, assume_yes=yes, force_restart=force_restart,
                          confirm=_common.confirm if _common.interactive() and not as_json else None,
                          lock_wait_s=lock_wait,
@@ -79,9 +80,10 @@ def show_fleet(out: "FleetOutcome", *, as_json: bool) -> None:
 
 
 def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, as_json: bool,
-                  ssh_config: Optional[str]) -> int:
-    """Every host among the targets whose last change did not pass (pending, not on its known-good
-    release, or unhealthy), checked side by side, then rolled back side by side."""
+                  ssh_config: Optional[str], dry_run: bool = False, yes: bool = False) -> int:
+    """Every host among the targets whose last change did not pass (pending, a last attempt that did
+    not pass, or unhealthy), checked side by side; then, once confirmed (or --yes), rolled back side
+    by side. --dry-run stops after the check."""
     # the transaction loads pydantic (profiles): only when the command runs
     from ddtree_ops import fleet
     from ddtree_ops.deploy import needs_rollback, rollback
@@ -104,16 +106,31 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
     if not todo:
         output.say("no host needs a rollback")
         if as_json:
-            output.emit_json({"command": "rollback", "hosts": []})
+            output.emit_json({"command": "rollback", "exit_code": 0, "hosts": []})
         return 0
+    why_not = None
+    if dry_run:
+        why_not = "dry run: nothing changed"
+    elif not yes:
+        if not (_common.interactive() and not as_json):
+            why_not = "refusing to change hosts without confirmation: pass --yes (stdin is not a terminal)"
+        elif not _common.confirm(f"Roll back {len(todo)} host(s): {compress(todo)}?"):
+            why_not = "not confirmed; nothing changed"
+    if why_not:
+        code = 0 if dry_run else 3
+        output.say(f"would roll back: {compress(todo)}" if dry_run else why_not)
+        if as_json:
+            output.emit_json({"command": "rollback", "exit_code": code, "dry_run": dry_run, "would_roll_back": todo,
+                              "reason": why_not, "hosts": []})
+        return code
 
     def act(name: str) -> Any:
         # a rollback's own lines (why, what it waits for) matter to people: shown, led by the host
         with output.captured(name, echo=True), connect(hosts[name]) as h:
-            return rollback(h, hosts[name], lock_wait_s=lock_wait)
+            return rollback(h, hosts[name], lock_wait_s=lock_wait, assume_yes=True)
 
     done = fleet.across(todo, act)
-    rows = [("HOST", "RESULT", "TIME", "RELEASE", "CAUSE")]
+    rows = [("HOST", "RESULT", "TIME", "SERVING", "DETAIL")]
     docs, worst = [], 0
     for name, o, err in done:
         if o is None:
@@ -121,11 +138,12 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
             docs.append({"command": "rollback", "host": name, "result": "refused", "exit_code": 3, "reason": err})
             worst = max(worst, 3)
             continue
-        rows.append((name, o.result, f"{o.timings.get('total', 0):.1f}s", o.release_id or "-", fleet.shorten(o.reason)))
-        docs.append(o.to_json() | {"command": "rollback"})
+        serving = o.release_id if o.result in ("ok", "no-change") else "-"
+        rows.append((name, o.result, f"{o.timings.get('total', 0):.1f}s", serving or "-", fleet.shorten(o.reason)))
+        docs.append(o.to_json())
         worst = max(worst, int(o.exit_code))
     if as_json:
-        output.emit_json({"command": "rollback", "hosts": docs})
+        output.emit_json({"command": "rollback", "exit_code": worst, "hosts": docs})
     else:
         output.data("\n".join(output.table(rows)))
     return worst
@@ -136,8 +154,9 @@ def rollback_many(inv: "Inventory", names: Sequence[str], *, lock_wait: float, a
 
 def history_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: Optional[str]) -> int:
     # the release records load pydantic (profiles): only when the command runs
+    from ddtree_ops import attempts as records
     from ddtree_ops import fleet
-    from ddtree_ops.releases import Layout, history
+    from ddtree_ops.releases import Layout, read_state, release_rows
 
     hosts = dict(profiles_of(inv, names))
     connect = _common.connector(ssh_config)
@@ -145,26 +164,29 @@ def history_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_c
     def read(name: str) -> Any:
         p = hosts[name]
         with connect(p) as h:
-            return history(h, Layout.for_service(p.service.state_dir, p.service.unit))
+            return read_state(h, Layout.for_service(p.service.state_dir, p.service.unit))
 
-    rows = [("HOST", "CURRENT", "KNOWN-GOOD", "LAST")]
+    rows = [("HOST", "CURRENT", "MODE", "ROLLBACK-TARGET", "LAST CHANGE")]
     docs = []
-    for name, got, err in fleet.across(list(hosts), read):
-        if got is None:
-            rows.append((name, "?", "?", f"unreachable: {fleet.shorten(err, 60)}"))
+    for name, state, err in fleet.across(list(hosts), read):
+        if state is None:
+            rows.append((name, "?", "?", "?", f"unreachable: {fleet.shorten(err, 60)}"))
             docs.append({"host": name, "error": err})
             continue
-        rels, pending, audit = got
-        cur = next((r.release_id for r in rels if r.current), None)
-        kg = next((r.release_id for r in rels if r.known_good), None)
-        last = fleet.last_result(audit)
-        if pending:
-            last = f"PENDING {pending.get('action')} of {pending.get('release_id')} since {pending.get('started_at')}"
-        rows.append((name, cur or "-", kg or "-", last or "-"))
-        docs.append({"host": name, "current": cur, "known_good": kg, "last": last, "pending": pending,
-                     "releases": [r.__dict__ for r in rels]})
+        target = state.target(hosts[name])
+        change = records.last_change(state.attempts)
+        last = f"{change.action} {change.release_id} {change.outcome or 'running'} ({change.started_at})" if change else ""
+        if state.pending:
+            last = (f"PENDING {state.pending.get('action')} of {state.pending.get('release_id')} since "
+                    f"{state.pending.get('started_at')}")
+        rows.append((name, state.current or "-", state.mode_of(state.current) or "-",
+                     target.release_id if target else "-", last or "-"))
+        docs.append({"host": name, "current": state.current, "mode": state.mode_of(state.current),
+                     "rollback_target": None if target is None else target.to_json(), "last": last,
+                     "last_change": None if change is None else change.to_json(), "pending": state.pending,
+                     "releases": [r.to_json() for r in release_rows(state, hosts[name])]})
     if as_json:
-        output.emit_json({"command": "history", "hosts": docs})
+        output.emit_json({"command": "history", "exit_code": 0, "hosts": docs})
     else:
         output.data("\n".join(output.table(rows)))
     return 0
@@ -196,11 +218,12 @@ def lock_status_many(inv: "Inventory", names: Sequence[str], *, as_json: bool, s
         held += info is not None
         rows.append((name, "held" if info else "free", info.describe() if info else "-"))
         docs.append({"host": name, "held": info is not None, "lock": None if info is None else info.__dict__})
+    code = 1 if held else (3 if unknown else 0)
     if as_json:
-        output.emit_json({"command": "lock status", "hosts": docs})
+        output.emit_json({"command": "lock status", "exit_code": code, "hosts": docs})
     else:
         output.data("\n".join(output.table(rows)))
-    return 1 if held else (3 if unknown else 0)
+    return code
 
 
 # --------------------------------------------------------------------------- diagnose
@@ -228,29 +251,37 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
         return diag, diag.combined()
 
     per_host, worst = [], 0
-    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
     for name, got, err in fleet.across(list(hosts), one):
         if got is None:
             key, doc = ("unreadable", fleet.shorten(err, 70)), {"host": name, "verdict": "unreadable", "error": err}
+            cause = key[1]
             code = int(DiagnoseExit.UNREADABLE)
             evidence = remedy = ""
         else:
             diag, combined = got
             f = combined.root_cause or (combined.warnings[0] if combined.warnings else None)
             key = (combined.verdict, f.label if f is not None else "-")
+            cause = key[1]
+            if f is not None and f.description is not None:
+                # a failure no rule names: hosts that fail the same unnamed way (component, exception,
+                # message without its numbers) are one line; others with the same label are not
+                key = (combined.verdict, f.label, f.description.key)
+                cause = f"{f.label}: {f.description.head()[:120]}"
             evidence = f"line {f.line}: {f.evidence}" if f is not None else ""
             remedy = (f.remedy or "") if f is not None else ""
             doc = {"host": name, **rpt.to_json(combined, diag)}
             code = int(rpt.exit_code(combined.verdict))
         worst = max(worst, code, key=_DIAGNOSE_RANK.__getitem__)
         per_host.append(doc | {"exit_code": code})
-        g = groups.setdefault(key, {"verdict": key[0], "cause": key[1], "hosts": [], "evidence": evidence,
-                                    "evidence_host": name, "remedy": remedy})
+        g = groups.setdefault(key, {"verdict": key[0], "cause": cause, "hosts": [], "evidence": evidence,
+                                    "evidence_host": name, "remedy": remedy,
+                                    **({"fingerprint": key[2]} if len(key) > 2 else {})})
         g["hosts"].append(name)
-    order = {"failed": 0, "unreadable": 1, "degraded": 2, "healthy": 3}
+    order = {"failed": 0, "unreadable": 1, "inconclusive": 2, "degraded": 3, "healthy": 4}
     ranked = sorted(groups.values(), key=lambda g: (order.get(g["verdict"], 9), -len(g["hosts"])))
     if as_json:
-        output.emit_json({"command": "diagnose", "causes": ranked, "hosts": per_host})
+        output.emit_json({"command": "diagnose", "exit_code": worst, "causes": ranked, "hosts": per_host})
     else:
         rows = [("VERDICT", "CAUSE", "N", "HOSTS")] + [
             (g["verdict"], g["cause"], str(len(g["hosts"])), compress(g["hosts"])) for g in ranked]

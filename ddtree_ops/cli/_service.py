@@ -75,12 +75,13 @@ def show(out: "ServiceOutcome", *, as_json: bool, command: str = "deploy") -> No
                    f"(each node's state above). `ddtree-ops diagnose {out.service}` names the failing rank.")
 
 
-def deploy(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], dry_run: bool, yes: bool,
+def deploy(inv: "Inventory", name: str, *, mode: Optional[str], overrides: Sequence[str], dry_run: bool, yes: bool,
            force_restart: bool, lock_wait: float, as_json: bool, ssh_config: Optional[str]) -> int:
     # the service transaction loads pydantic (profiles): imported when the command runs
     from ddtree_ops.service import deploy_service
 
     svc = load(inv, name, overrides)
+    mode = mode or svc.rank0.desired_mode
     svc.rank0.mode(mode)
     with ExitStack() as stack:
         hosts = _hosts(svc, ssh_config, stack)
@@ -93,14 +94,15 @@ def deploy(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], 
 
 
 def rollback(inv: "Inventory", name: str, *, to: Optional[str], lock_wait: float, as_json: bool,
-             ssh_config: Optional[str]) -> int:
+             ssh_config: Optional[str], dry_run: bool = False, yes: bool = False) -> int:
     # the service transaction loads pydantic (profiles): imported when the command runs
     from ddtree_ops.service import rollback_service
 
     svc = load(inv, name)
     with ExitStack() as stack:
         hosts = _hosts(svc, ssh_config, stack)
-        out = rollback_service(hosts, svc, to=to, lock_wait_s=lock_wait)
+        out = rollback_service(hosts, svc, to=to, lock_wait_s=lock_wait, dry_run=dry_run, assume_yes=yes,
+                               confirm=_common.confirm if _common.interactive() and not as_json else None)
     show(out, as_json=as_json, command="rollback")
     return int(out.exit_code)
 
@@ -135,12 +137,10 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
     failures = diagnosis_failures(svc.hosts, diags)
     first = first_failed(failures)
     combined = [d.combined() if d is not None else None for d in diags]
-    verdicts = [c.verdict for c in combined if c is not None]
-    verdict = "failed" if "failed" in verdicts else "degraded" if "degraded" in verdicts else "healthy"
-    if len(verdicts) < len(diags) or "unreadable" in verdicts:  # a node read nothing: no healthy from nothing
-        verdict = "failed" if verdict == "failed" else "unreadable"
+    verdict = rpt.service_verdict([c.verdict if c is not None else None for c in combined])
+    code = int(DiagnoseExit.UNREADABLE) if verdict == "unreadable" else int(rpt.exit_code(verdict))
     if as_json:
-        output.emit_json({"schema_version": 1, "service": name, "verdict": verdict,
+        output.emit_json({"command": "diagnose", "exit_code": code, "service": name, "verdict": verdict,
                           "first_failed": None if first is None else first.to_json(),
                           "root_cause": None if first is None or first.finding is None else {
                               "label": first.finding.label, "line": first.finding.line,
@@ -168,9 +168,7 @@ def diagnose(inv: "Inventory", name: str, *, mode: Optional[str], as_json: bool,
             output.say(f"[green]{escape(name)}: no node's journal names a failure[/]")
         for e in errors:
             output.warn(e)
-    if verdict == "unreadable":
-        return DiagnoseExit.UNREADABLE
-    return rpt.exit_code(verdict)
+    return code
 
 
 def history(inv: "Inventory", name: str, *, audit: int, as_json: bool, ssh_config: Optional[str]) -> int:
@@ -181,7 +179,7 @@ def history(inv: "Inventory", name: str, *, audit: int, as_json: bool, ssh_confi
     with ExitStack() as stack:
         rows, per_node = service_history(_hosts(svc, ssh_config, stack), svc)
     if as_json:
-        output.emit_json({"command": "history", "service": name, "nodes": svc.hosts,
+        output.emit_json({"command": "history", "exit_code": 0, "service": name, "nodes": svc.hosts,
                           "releases": [r.__dict__ for r in rows],
                           "per_node": [{"node": n, "pending": pend, "audit": lines[-audit:]}
                                        for n, pend, lines in per_node]})
@@ -226,7 +224,7 @@ def smoke(inv: "Inventory", names: Sequence[str], *, as_json: bool, ssh_config: 
     return int(nagios.worst([r.state for r in results]))
 
 
-def preflight(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str], as_json: bool,
+def preflight(inv: "Inventory", name: str, *, mode: Optional[str], overrides: Sequence[str], as_json: bool,
               ssh_config: Optional[str]) -> int:
     # rendering and the service load pydantic (profiles): imported when the command runs
     from ddtree_ops.profile import PLUGIN_MODES
@@ -235,12 +233,14 @@ def preflight(inv: "Inventory", name: str, *, mode: str, overrides: Sequence[str
     from ddtree_ops.wheel import build
 
     svc = load(inv, name, overrides)
+    mode = mode or svc.rank0.desired_mode
     rendered = render_service(svc.nodes, mode)
     plugin = build().version if mode in PLUGIN_MODES else ""
     with ExitStack() as stack:
         spf = preflight_service(_hosts(svc, ssh_config, stack), svc, mode, rendered, plugin)
     if as_json:
-        output.emit_json({"command": "preflight", "service": name, "mode": mode, **spf.to_json()})
+        output.emit_json({"command": "preflight", "service": name, "mode": mode, "exit_code": 0 if spf.ok else 3,
+                          **spf.to_json()})
     else:
         for i, (node, pf) in enumerate(zip(spf.names, spf.nodes)):
             output.say(f" [bold]{node}[/] (node rank {i}):")

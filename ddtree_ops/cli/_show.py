@@ -48,16 +48,42 @@ def show_checks(pf: "Preflight", node: str = "") -> None:
 
 
 def show_plan(out: "Outcome") -> None:
-    """The preflight table, and the diff when the deploy may go ahead (printed when it is decided:
-    before the confirmation, the restart and the gate)."""
-    pf = out.preflight
-    if pf is None:
-        return
-    output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
-    show_checks(pf)
-    if out.diff and pf.ok:
-        output.say("[bold]changes:[/]")
-        output.err().print(out.diff, markup=False, highlight=False, style=None)
+    """The plan a person reads before saying yes: its first line says "would change" or "no
+    change" and the mode (bold when --mode overrides the profile's, or when it changes the host's);
+    then the steps (what is adopted, installed, restarted, how it is gated, where a failure goes),
+    the preflight, and the diff: the launch line one flag per line, the rest as a unified diff."""
+    pf, plan = out.preflight, out.plan
+    if plan is not None:
+        head = output.escape(plan.headline())
+        loud = plan.mode_source == "--mode" or (plan.current_mode not in (None, plan.mode))
+        output.say(f"[bold]{head}[/]" if loud else head, style=None)
+        for step in plan.steps():
+            output.say(f"  {output.escape(step)}", style="dim")
+    if pf is not None:
+        output.say(f"[bold]{out.host}[/] preflight for {out.release_id}:")
+        show_checks(pf)
+        if not pf.ok:
+            return
+    if plan is None or plan.changes:
+        show_diff(plan.launch if plan else [], out.diff)
+
+
+def show_diff(launch: list[str], unified: str) -> None:
+    """The launch line's flags that change, red and green on a terminal, then the rest of the
+    unit and env file as a unified diff (its ExecStart= lines are the flags above)."""
+    if launch:
+        output.say("[bold]launch line:[/]")
+        for line in launch:
+            colour = "red" if line.startswith("-") else "green"
+            output.say(f"  [{colour}]{output.escape(line)}[/]")
+    rest = [ln for ln in unified.splitlines(keepends=True)
+            if not (ln[:1] in "+-" and ln[1:].startswith("ExecStart="))]
+    if any(ln[:1] in "+-" and not ln.startswith(("+++", "---")) for ln in rest):
+        output.say("[bold]files:[/]")
+        for ln in rest:
+            colour = ("red" if ln.startswith("-") and not ln.startswith("---") else
+                      "green" if ln.startswith("+") and not ln.startswith("+++") else None)
+            output.err().print(ln.rstrip("\n"), markup=False, highlight=False, style=colour)
 
 
 def show_outcome(out: "Outcome") -> None:

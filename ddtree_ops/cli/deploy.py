@@ -18,7 +18,9 @@ from ddtree_ops.cli._show import show_outcome, show_plan
 if TYPE_CHECKING:
     from ddtree_ops.deploy import Outcome
 
-ModeOpt = typer.Option("ddtree-shadow", "--mode", "-m", help="nextn | dflash | ddtree-shadow.")
+ModeOpt = typer.Option(None, "--mode", "-m", metavar="MODE",
+                       help="Run this mode instead of the profile's `mode:` for this deploy (nextn | dflash | "
+                            "ddtree-shadow | ...); the plan shows the override and the attempt records it.")
 _FLEET = "Fleet (a group or several hosts)"
 
 
@@ -26,7 +28,7 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
                                                    help="Hosts and groups (profiles/<host>.yaml, "
                                                         "profiles/groups/<group>.yaml, --inventory); globs "
                                                         "('ct13*'), ranges (ct13[0:5]) and !HOST to leave one out."),
-               mode: str = ModeOpt,
+               mode: Optional[str] = ModeOpt,
                dry_run: bool = typer.Option(False, "--dry-run", help="Preflight, plan and diff; change nothing."),
                yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
                force_restart: bool = typer.Option(False, "--force-restart",
@@ -53,12 +55,15 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
                                                  help="Deploy to the others when preflight refuses some hosts."),
                verbose: bool = typer.Option(False, "--verbose", "-v", rich_help_panel=_FLEET,
                                             help="Every host's own progress lines, prefixed with its name.")) -> int:
-    """Deploy MODE to each TARGET and prove it healthy, or roll back to the known-good release.
+    """Converge each TARGET to its profile's mode (or --mode) and prove it healthy, or roll back to
+    the known-good release: the last NEXTN release that passed (the profile's rollback.target).
 
     Exit: 0 serving the new release, 1 failed and rolled back (healthy on known-good),
     2 failed and degraded, 3 refused before any change. A fleet: 0 every host on the new
     release, 1 not every host got it (rolled back, refused or not started) and every host
     serves a known-good release, 2 any host degraded, 3 nothing changed anywhere.
+
+    Example: ddtree-ops deploy ct200 --dry-run
 
     Example: ddtree-ops deploy ct200 --mode ddtree-shadow --yes
 
@@ -82,7 +87,7 @@ def deploy_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET",
                                   as_json=as_json, ssh_config=ssh_config)
     host = targets[0]
     p = inv.profile(host, set_ or [])
-    p.mode(mode)  # an unconfigured mode is a usage error before any connection
+    p.mode(mode or p.desired_mode)  # an unconfigured mode is a usage error before any connection
     with _common.connect(p, ssh_config) as h:
         # the plan is printed when it is decided: before the confirmation, the restart and the gate
         out = deploy(h, p, mode, dry_run=dry_run, assume_yes=yes,

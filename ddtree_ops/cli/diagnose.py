@@ -2,7 +2,8 @@
 
 Only typer, the standard library and the tool's light modules are imported here at module level (so
 `--help` is instant); the classifier, rich and the SSH layer are imported inside the command.
-Exit codes (DESIGN.md): 0 healthy, 1 warnings only, 2 failure found, 3 could not read; 64 usage.
+Exit codes (DESIGN.md): 0 healthy, 1 warnings only, 2 failure found, 3 could not read or no verdict
+(inconclusive: nothing failed and nothing showed the server served); 64 usage.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ def register(app: typer.Typer) -> None:
         """Name the root cause of a failed SGLang start: evidence line, remedy, other findings.
 
         A group: one line per cause, with the hosts that share it.
-        Exit status: 0 healthy, 1 warnings only, 2 failure found, 3 could not read.
+        Healthy needs evidence that the server served (ready line, decode batches, served requests;
+        for a HOST also its health endpoint); without it and without a failure: inconclusive.
+        Exit status: 0 healthy, 1 serving with warnings, 2 failure found, 3 could not read or inconclusive.
         """
         if (host is None) == (log is None):
             raise UsageError("give exactly one of HOST or --log FILE|-",
@@ -81,11 +84,12 @@ def _diagnose_log(path: str, json_out: bool) -> int:
     if result.lines == 0:
         output.fail(f"{source} is empty: nothing to diagnose")
         return DiagnoseExit.UNREADABLE
+    code = rpt.exit_code(result.verdict)
     if json_out:
-        output.emit_json(rpt.to_json(result))
+        output.emit_json({"command": "diagnose", **rpt.to_json(result), "exit_code": int(code)})
     else:
         rpt.render(result, source=source)
-    return rpt.exit_code(result.verdict)
+    return code
 
 
 def _diagnose_host(host: str, json_out: bool, mode: str | None, ssh_config: str | None,
@@ -104,14 +108,18 @@ def _diagnose_host(host: str, json_out: bool, mode: str | None, ssh_config: str 
         output.fail(f"{host}: {exc}")
         if exc.hint:
             output.say(f"  hint: {exc.hint}")
+        if json_out:
+            output.emit_json({"command": "diagnose", "host": host, "verdict": "unreadable", "unreadable": str(exc),
+                              "root_cause": None, "exit_code": int(DiagnoseExit.UNREADABLE)})
         return DiagnoseExit.UNREADABLE
     combined = diag.combined()
+    code = rpt.exit_code(combined.verdict)
     if json_out:
-        output.emit_json(rpt.to_json(combined, diag))
+        output.emit_json({"command": "diagnose", **rpt.to_json(combined, diag), "exit_code": int(code)})
     else:
         rpt.render(combined, source=f"{host} ({profile.service.unit}, this start)", live=diag)
     if diag.unreadable:
         output.fail(f"{host}: {diag.unreadable}: nothing to diagnose")
     for err in diag.errors:
         output.warn(err)
-    return rpt.exit_code(combined.verdict)
+    return code

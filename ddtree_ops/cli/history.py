@@ -1,4 +1,4 @@
-"""`ddtree-ops history HOST`: releases kept on the host, the known-good marker, the audit log."""
+"""`ddtree-ops history HOST`: releases kept on the host, every attempt on it, the rollback target, the audit log."""
 
 from __future__ import annotations
 
@@ -13,17 +13,20 @@ from ddtree_ops.cli._common import InventoryOpt, JsonOpt, ProfilesOpt, SshConfig
 
 def history_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET", help="A host, or groups and hosts."),
                 audit: int = typer.Option(10, "--audit", metavar="N", help="Audit lines to show."),
+                attempts: int = typer.Option(10, "--attempts", metavar="N",
+                                             help="Attempts to show, newest first (deploys, rollbacks, promotions)."),
                 as_json: bool = JsonOpt, ssh_config: Optional[str] = SshConfigOpt,
                 profiles: Optional[str] = ProfilesOpt, inventory: Optional[str] = InventoryOpt) -> int:
-    """List the releases on HOST, newest first, with the known-good and current markers; for a
-    group, one line per host: current release, known-good, last result (or a pending change).
+    """List the releases on HOST (newest first: passed or how their last attempt ended, the current
+    one, the rollback target), then its attempts, each a record of its own; for a group, one line
+    per host: current release, rollback target, the last change (or a pending one).
 
     Example: ddtree-ops history ct129
 
     Example: ddtree-ops history a6000
     """
     # the release records load pydantic (profiles): imported when the command runs
-    from ddtree_ops.releases import Layout, history
+    from ddtree_ops.releases import Layout, read_state, release_rows
 
     inv = _common.inventory(profiles, inventory)
     service = _common.service_target(inv, targets)
@@ -35,26 +38,45 @@ def history_cmd(targets: list[str] = typer.Argument(..., metavar="TARGET", help=
     p = inv.profile(host)
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
     with _common.connect(p, ssh_config) as h:
-        rels, pending, audit_lines = history(h, layout)
+        state = read_state(h, layout)
+    rels = release_rows(state, p)
+    target = state.target(p)
+    shown = state.attempts[-attempts:] if attempts else []
     if as_json:
-        output.emit_json({"command": "history", "host": host, "releases": [r.__dict__ for r in rels],
-                          "pending": pending, "audit": audit_lines[-audit:]})
+        output.emit_json({"command": "history", "exit_code": 0, "host": host, "current": state.current,
+                          "rollback_target": None if target is None else target.to_json(),
+                          "pending": state.pending, "releases": [r.to_json() for r in rels],
+                          "attempts": [a.to_json() for a in reversed(shown)],
+                          "unreadable_attempt_lines": state.unreadable, "audit": state.audit[-audit:]})
         return 0
-    # the list is the command's data (stdout); notes for people go to stderr
-    rows = [("RELEASE", "MODE", "STATUS", "CREATED", "BY", "")] + [
-        (r.release_id, r.mode, r.status, r.created_at, r.by,
-         " ".join(m for m, on in (("known-good", r.known_good), ("current", r.current)) if on)) for r in rels]
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    for row in rows:
-        output.data("  ".join(c.ljust(w) for c, w in zip(row, widths)) + "  " + row[5])
-    if pending:
-        output.warn(f"unfinished {pending.get('action')} of {pending.get('release_id')} by {pending.get('by')} "
-                    f"since {pending.get('started_at')}: the next deploy or rollback resolves it")
-    if audit_lines:
+    # the lists are the command's data (stdout); notes for people go to stderr
+    rows = [("RELEASE", "MODE", "STATUS", "TRIES", "CREATED", "BY", "")] + [
+        (r.release_id, r.mode, r.status, str(r.attempts), r.created_at, r.by, r.marks()) for r in rels]
+    output.data("\n".join(output.table(rows)))
+    if shown:
+        arows = [("ATTEMPT", "ACTION", "RELEASE", "MODE", "OUTCOME", "BY", "CAUSE")] + [
+            (a.id, a.action, a.release_id, a.mode + (" (--mode)" if a.mode_source == "--mode" else ""),
+             a.outcome or "running", a.by, _short(a.cause)) for a in reversed(shown)]
+        output.data("")
+        output.data("\n".join(output.table(arows)))
+    if target is not None:
+        output.say(f"rollback target: {target.release_id} ({target.mode}): {target.why}")
+    if state.pending:
+        output.warn(f"unfinished {state.pending.get('action')} of {state.pending.get('release_id')} by "
+                    f"{state.pending.get('by')} since {state.pending.get('started_at')}: the next deploy or rollback "
+                    "resolves it")
+    if state.unreadable:
+        output.warn(f"{state.unreadable} line(s) of {layout.attempts} could not be read and were skipped")
+    if state.audit:
         output.say(f"audit log ({layout.audit}):")
-        for line in audit_lines[-audit:]:
+        for line in state.audit[-audit:]:
             output.err().print("  " + line, markup=False, highlight=False)
     return 0
+
+
+def _short(text: str, limit: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def register(app: typer.Typer) -> None:

@@ -58,7 +58,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="One JSON document
     ok = all(r.running and r.service == "active" for r in rows)
     if as_json:
         paths = api.Paths.default()
-        output.emit_json({"command": "lab status", "ssh_config": str(paths.ssh_config),
+        output.emit_json({"command": "lab status", "exit_code": 0 if ok else 1, "ssh_config": str(paths.ssh_config),
                           "inventory": str(paths.inventory), "hosts": [r.__dict__ for r in rows]})
     else:
         output.data(f"{'HOST':<7} {'ADDRESS':<14} {'SYSTEM':<12} {'SERVICE':<12} {'MEM(PSS)':>9}  FAULTS")

@@ -34,7 +34,8 @@ def status(targets: list[str] = typer.Argument(..., metavar="TARGET", help="A ho
     with _common.connect(p, ssh_config) as h:
         info = read_lock(h, Layout.for_service(p.service.state_dir, p.service.unit))
     if as_json:
-        output.emit_json({"command": "lock status", "host": host, "held": info is not None,
+        output.emit_json({"command": "lock status", "exit_code": 0 if info is None else 1, "host": host,
+                          "held": info is not None,
                           "lock": None if info is None else info.__dict__})
     else:
         output.say(f"{host}: " + ("free" if info is None else f"lock {info.describe()}"))

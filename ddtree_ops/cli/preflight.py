@@ -13,7 +13,8 @@ from ddtree_ops.cli._show import show_checks
 
 
 def preflight_cmd(host: str = typer.Argument(...),
-                  mode: str = typer.Option("ddtree-shadow", "--mode", "-m", help="nextn | dflash | ddtree-shadow | ddtree."),
+                  mode: Optional[str] = typer.Option(None, "--mode", "-m", metavar="MODE",
+                                                help="The mode to check: nextn | dflash | ddtree-shadow | ddtree (default: the profile's `mode:`)."),
                   set_: Optional[list[str]] = SetOpt, as_json: bool = JsonOpt,
                   ssh_config: Optional[str] = SshConfigOpt, profiles: Optional[str] = ProfilesOpt) -> int:
     """Run the deploy's preflight against HOST without changing anything. Exit 0 pass, 3 refused.
@@ -31,12 +32,14 @@ def preflight_cmd(host: str = typer.Argument(...),
     if inv.is_service(host):
         return _service.preflight(inv, host, mode=mode, overrides=set_ or [], as_json=as_json, ssh_config=ssh_config)
     p = _common.load(host, set_, profiles)
+    mode = mode or p.desired_mode
     rendered = render(p, mode)
     plugin = build().version if mode in PLUGIN_MODES else ""
     with _common.connect(p, ssh_config) as h:
         pf = run_preflight(h, p, mode, rendered, Layout.for_service(p.service.state_dir, p.service.unit), plugin)
     if as_json:
-        output.emit_json({"command": "preflight", "host": host, "mode": mode, **pf.to_json()})
+        output.emit_json({"command": "preflight", "host": host, "mode": mode, "exit_code": 0 if pf.ok else 3,
+                          **pf.to_json()})
     else:
         show_checks(pf)
         output.say("[green]preflight passed[/]" if pf.ok else "[red]preflight refused[/]")

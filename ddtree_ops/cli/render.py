@@ -21,7 +21,7 @@ class What(str, Enum):
 
 def render_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.yaml)."),
                mode: Optional[str] = typer.Option(None, "--mode", "-m",
-                                                  help="nextn | dflash | ddtree-shadow | ddtree (default: ddtree-shadow)."),
+                                                  help="nextn | dflash | ddtree-shadow | ddtree (default: the profile's `mode:`)."),
                what: What = typer.Option(What.unit, "--what", help="unit, env (secrets redacted) or argv."),
                set_: Optional[list[str]] = SetOpt, as_json: bool = JsonOpt,
                profiles: Optional[str] = ProfilesOpt) -> int:
@@ -33,9 +33,9 @@ def render_cmd(host: str = typer.Argument(..., help="Host name (profiles/<host>.
     from ddtree_ops.render import render
 
     p = _common.load(host, set_, profiles)
-    r = render(p, mode or "ddtree-shadow")
+    r = render(p, mode or p.desired_mode)
     if as_json:
-        output.emit_json({"command": "render", **r.manifest(), "unit_text": r.unit_text,
+        output.emit_json({"command": "render", "exit_code": 0, **r.manifest(), "unit_text": r.unit_text,
                           "env_text": r.env_redacted})
     elif what is What.unit:
         output.data(r.unit_text)

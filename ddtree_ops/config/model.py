@@ -258,6 +258,16 @@ class RollbackSection(_Strict):
     target: Literal["known-good-mode", "last-good"] = "known-good-mode"
 
 
+class PromoteSection(_Strict):
+    """What `promote` asks of the shadow before the switch, and of the served tree after it."""
+
+    min_rounds: Annotated[int, Field(ge=20, le=10_000_000)] = 1000  # exact greedy rounds, before and live
+    min_speedup: Annotated[float, Field(ge=1.0, le=10.0)] = 1.05  # the projected speedup's 95% lower bound
+    tolerance: Annotated[float, Field(gt=0, lt=1)] = 0.03  # served tau_tree this far below the prediction: a miss
+    live_deadline_s: Seconds = 600  # no verdict live by then (no traffic included) is a miss
+    poll_s: Annotated[float, Field(gt=0, le=300)] = 5.0
+
+
 class Profile(_Strict):
     name: str
     host: HostSection
@@ -269,6 +279,7 @@ class Profile(_Strict):
     desired_mode: Mode = Field(default="nextn", alias="mode")
     known_good_mode: Mode = "nextn"
     rollback: RollbackSection = RollbackSection()
+    promote: PromoteSection = PromoteSection()
     modes: ModesSection
     gate: GateSection = GateSection()
     smoke: SmokeSection = SmokeSection()

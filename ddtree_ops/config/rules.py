@@ -5,7 +5,9 @@ returns the key path to blame and why; `validate.py` names the file and line.
 
 from __future__ import annotations
 
-from ddtree_ops.config.model import INHERITED, DDTreeMode, Profile
+from typing import get_args
+
+from ddtree_ops.config.model import INHERITED, AttentionBackend, DDTreeMode, Profile
 from ddtree_ops.config.source import Loc
 
 # facts/sglang-ddtree.md 7.3: sm_120 has no FA3 (SM 8x-9x only), no FA4 / trtllm (tcgen05, SM100/103 only)
@@ -22,7 +24,7 @@ _QUANT_MIN_ARCH = {"w8a8_fp8": 89, "modelopt_fp4": 100, "nvfp4": 100, "mxfp4": 1
 
 
 # flags `render.launch_argv` writes from profile keys: extra_args may not say them twice
-_RENDERED_FLAGS = {
+RENDERED_FLAGS = {
     "--model-path": "service.model_path", "--host": "service.listen_host", "--port": "service.port",
     "--mem-fraction-static": "memory.mem_fraction_static", "--context-length": "memory.context_length",
     "--max-running-requests": "memory.max_running_requests", "--attention-backend": "memory.attention_backend",
@@ -44,6 +46,12 @@ _RENDERED_FLAGS = {
     "--nccl-init-addr": "multinode.dist_init_host / dist_init_port", "--dist-timeout": "multinode.dist_timeout_s",
     "--base-gpu-id": "gpus", "--gpu-id-step": "gpus",
 }
+
+
+def allowed_backends(arch: int) -> list[str]:
+    """The attention backends a profile may name on sm_<arch> (the rule check_rules applies)."""
+    return [b for b in get_args(AttentionBackend)
+            if b not in _BACKEND_ARCH or _BACKEND_ARCH[b][0] <= arch <= _BACKEND_ARCH[b][1]]
 
 
 def check_rules(p: Profile) -> list[tuple[Loc, str]]:
@@ -87,7 +95,7 @@ def check_rules(p: Profile) -> list[tuple[Loc, str]]:
             out.append(((key,), f"{value!r} is not configured under modes (configured: {', '.join(configured)})"))
     if p.host.transport == "ssh" and not p.host.ssh_host:
         out.append((("host", "ssh_host"), "required when host.transport is ssh (the ssh_config name of the host)"))
-    rendered = _RENDERED_FLAGS
+    rendered = RENDERED_FLAGS
     for i, arg in enumerate(p.service.extra_args):
         flag = arg.split("=", 1)[0]
         if flag in rendered:

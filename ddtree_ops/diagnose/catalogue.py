@@ -19,8 +19,10 @@ from typing import Any
 
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.context import RESOLVERS
-from ddtree_ops.diagnose.screen import (CatalogueError, HyperscanScreen, KeywordIndex, Screen, best_literal_set,
-                                        build_screen, digit_sensitive, literal_options, plan_screen, trie_regex)
+from ddtree_ops.diagnose.fingerprint import Component
+from ddtree_ops.diagnose.screen import (CatalogueError, HyperscanKeywordIndex, HyperscanScreen, KeywordIndex, Screen,
+                                        best_literal_set, build_screen, digit_sensitive, keyword_index, literal_options,
+                                        plan_screen, trie_regex)
 
 LABELS = (
     "healthy", "benign_warning", "kv_pool_too_small", "cuda_oom", "host_oom", "cuda_lib_load",
@@ -134,6 +136,9 @@ class Catalogue:
     derived: tuple[tuple[str, Variant], ...] = ()  # findings the scanner builds from several lines
     algorithm_checks: tuple[tuple[str, str], ...] = ()  # speculative algorithm -> what to check
     flag_keys: tuple[tuple[str, str], ...] = ()  # SGLang argument (normalised) -> the profile key that renders it
+    components: tuple[Component, ...] = ()  # what an unnamed failure is described by (fingerprint.py)
+    build_summary: tuple[str, ...] = ()  # a build tool's report of a child's exit status (a wrapper)
+    build_cause: tuple[str, ...] = ()  # the compiler's, linker's or shell's own error line above it
     screen_kind: str = "auto"  # the keyword screen to build: auto (Hyperscan where installed), python, hyperscan
 
     @property
@@ -276,6 +281,17 @@ def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
     if not isinstance(flags, dict) or not all(isinstance(v, str) for v in flags.values()):
         raise CatalogueError("flag_keys must map an SGLang argument to a profile key")
     _check_tiers(rules)
+    components = _components(doc.get("components") or [])
+    build = doc.get("build_lines") or {}
+    for part in ("summary", "cause"):
+        pats = build.get(part) or []
+        if not isinstance(pats, list) or not all(isinstance(x, str) for x in pats):
+            raise CatalogueError(f"build_lines.{part} must be a list of patterns")
+        for x in pats:
+            try:
+                re.compile(x)
+            except re.error as exc:
+                raise CatalogueError(f"build_lines.{part}: pattern {x!r} does not compile: {exc}") from None
     # the unit's own start/stop lines are looked back for when shutdown noise follows (no anchor)
     screened = [(r, p) for r in rules if screened_rule(r) for p in r.patterns]
     plan = plan_screen([literal_options(p) for _, p in screened], EXTRA_KEYWORDS)
@@ -292,7 +308,39 @@ def parse_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
         out.append(replace(r, literals=tuple(dict.fromkeys(lits)), sensitive_literals=tuple(dict.fromkeys(sensitive))))
     return Catalogue(rules=tuple(out), version=int(doc.get("version", 1)), anchors=plan.anchors, derived=derived,
                      algorithm_checks=tuple((str(k).upper(), " ".join(v.split())) for k, v in checks.items()),
-                     flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()), screen_kind=screen_kind)
+                     flag_keys=tuple((normal_flag(str(k)), v) for k, v in flags.items()), screen_kind=screen_kind,
+                     components=components, build_summary=tuple(build.get("summary") or ()),
+                     build_cause=tuple(build.get("cause") or ()))
+
+
+def _components(raw: Any) -> tuple[Component, ...]:
+    if not isinstance(raw, list):
+        raise CatalogueError("components must be a list")
+    out: list[Component] = []
+    for i, c in enumerate(raw):
+        where = f"component {c.get('id', f'#{i}') if isinstance(c, dict) else f'#{i}'!r}"
+        if not isinstance(c, dict) or not c.get("id") or not c.get("name"):
+            raise CatalogueError(f"{where}: needs an id and a name")
+        remedy = c.get("remedy") or {}
+        if not remedy.get("text"):
+            raise CatalogueError(f"{where}: needs a remedy text (the key to try, or where to look)")
+        lists = {k: c.get(k) or [] for k in ("text", "paths", "logger")}
+        for k, v in lists.items():
+            if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+                raise CatalogueError(f"{where}: {k} must be a list of strings")
+        for rx in lists["logger"]:
+            try:
+                re.compile(rx)
+            except re.error as exc:
+                raise CatalogueError(f"{where}: logger pattern {rx!r} does not compile: {exc}") from None
+        if not any(lists.values()):
+            raise CatalogueError(f"{where}: needs text, paths or logger to be found by")
+        out.append(Component(id=str(c["id"]), name=str(c["name"]), text=tuple(lists["text"]),
+                             paths=tuple(lists["paths"]), logger=tuple(lists["logger"]),
+                             remedy=" ".join(str(remedy["text"]).split()), profile_key=remedy.get("profile_key")))
+    if len({c.id for c in out}) != len(out):
+        raise CatalogueError("component ids must be unique")
+    return tuple(out)
 
 
 SIGNATURE_ROLES = ("cause", "wrapper", "downstream")  # a rule that names a failure by its own text
@@ -331,12 +379,66 @@ def _derived(raw: Any, rule_ids: set[str]) -> tuple[tuple[str, Variant], ...]:
 
 @lru_cache(maxsize=4)
 def load_catalogue(path: str | None = None) -> Catalogue:
-    """The shipped catalogue (or one at `path`, for experiments); parsed once per process."""
+    """The shipped catalogue (or one at `path`, for experiments); parsed once per process, and kept
+    parsed on disk under the hash of its text and of the code that parses it (diagnose.cache)."""
     if path is None:
         text = resources.files("ddtree_ops.diagnose").joinpath("catalogue.yaml").read_text("utf-8")
     else:
         text = Path(path).read_text("utf-8")
-    return parse_catalogue(text)
+    return cached_catalogue(text)
+
+
+# the modules whose code shapes a parsed catalogue: a change to any of them is a new cache entry
+_PARSERS = ("catalogue", "screen", "context", "fingerprint", "journal")
+
+
+def cached_catalogue(text: str, screen_kind: str = "auto") -> Catalogue:
+    """`parse_catalogue(text)`, read from the disk cache when this text was parsed by this code before."""
+    import json  # only when a catalogue is loaded
+
+    from ddtree_ops.diagnose import cache  # stdlib only: the disk cache of parsed catalogues
+
+    here = Path(__file__).resolve().parent
+    try:
+        code = b"".join((here / f"{m}.py").read_bytes() for m in _PARSERS)
+    except OSError:
+        code = b""
+    name = f"catalogue-{cache.key(text, code, screen_kind)}.json"
+    raw = cache.read(name) if code else None
+    if raw is not None:
+        try:
+            return _decode(json.loads(raw.decode("utf-8")))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            pass  # not a catalogue this code wrote: parsed again below, and rewritten
+    cat = parse_catalogue(text, screen_kind=screen_kind)
+    if code:
+        cache.write(name, json.dumps(_encode(cat), separators=(",", ":")).encode("utf-8"))
+    return cat
+
+
+_TYPES = {"Rule": Rule, "Variant": Variant, "Catalogue": Catalogue, "Component": Component}
+
+
+def _encode(obj: Any) -> Any:
+    """A catalogue as JSON data: dataclasses tagged by type, frozensets marked (lists are tuples)."""
+    if type(obj).__name__ in _TYPES and hasattr(obj, "__dataclass_fields__"):
+        return {"__t": type(obj).__name__, **{k: _encode(getattr(obj, k)) for k in obj.__dataclass_fields__}}
+    if isinstance(obj, frozenset):
+        return {"__fs": sorted(obj)}
+    if isinstance(obj, (tuple, list)):
+        return [_encode(x) for x in obj]
+    return obj
+
+
+def _decode(doc: Any) -> Any:
+    if isinstance(doc, dict):
+        if "__fs" in doc:
+            return frozenset(doc["__fs"])
+        cls = _TYPES[doc["__t"]]
+        return cls(**{k: _decode(v) for k, v in doc.items() if k != "__t"})
+    if isinstance(doc, list):
+        return tuple(_decode(x) for x in doc)
+    return doc
 
 
 def screened_rule(rule: Rule) -> bool:
@@ -362,5 +464,13 @@ def screen_for(cat: Catalogue) -> Screen | HyperscanScreen:
 
 
 @lru_cache(maxsize=4)
-def index_for(cat: Catalogue) -> KeywordIndex:
-    return KeywordIndex([r.literals for r in cat.rules])
+def build_rx(cat: Catalogue) -> tuple[re.Pattern[str] | None, re.Pattern[str] | None]:
+    """The build tool's summary lines and the error lines that outrank them (catalogue build_lines)."""
+    def one(pats: tuple[str, ...]) -> re.Pattern[str] | None:
+        return re.compile("|".join(f"(?:{p})" for p in pats)) if pats else None
+    return one(cat.build_summary), one(cat.build_cause)
+
+
+@lru_cache(maxsize=4)
+def index_for(cat: Catalogue) -> KeywordIndex | HyperscanKeywordIndex:
+    return keyword_index([r.literals for r in cat.rules], cat.screen_kind)

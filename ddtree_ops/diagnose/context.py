@@ -357,6 +357,63 @@ def resolve_kv_budget(c: Clues) -> Resolution | None:
 
 # name -> (function, the variants it may return, the facts their text may use)
 Resolver = Callable[[Clues], "Resolution | None"]
+# Where each CUDA library comes from (the words of each remedy are the catalogue's):
+# - the driver's own user-mode libraries: libcuda (the CUDA driver API) and the libnvidia-* ones
+#   come with the NVIDIA driver package; a container gets them from the NVIDIA Container Toolkit,
+#   which mounts the host driver's libraries (NVIDIA_DRIVER_CAPABILITIES=compute for CUDA); a newer
+#   libcuda for an older driver comes only from the cuda-compat-<major>-<minor> package (data-center
+#   GPUs). No pip wheel ships them. (docs.nvidia.com/deploy/cuda-compatibility, "Forward
+#   Compatibility"; NVIDIA container images: "the machine running the CUDA container only requires
+#   the NVIDIA driver"; apptainer's nvliblist.conf lists libcuda.so and libnvidia-*.so as host libraries)
+# - the CUDA toolkit's runtime libraries ship in the toolkit (/usr/local/cuda/lib64) and as PyPI
+#   wheels: for CUDA 12 `nvidia-<name>-cu12`, for CUDA 13 `nvidia-<name>` (the -cu13 names are
+#   deprecated stubs), except cuDNN, NCCL and cuSPARSELt, which keep `-cu12` / `-cu13`.
+# - libtorch_cuda and libc10_cuda are torch's own (the torch wheel).
+_DRIVER_LIBS = ("libcuda.", "libcudadebugger.", "libnvidia-")
+_WHEELS = (  # soname stem -> the wheel's <name>, and whether the soname's major is the CUDA major
+    ("libcudart", "cuda-runtime", True), ("libnvrtc", "cuda-nvrtc", True), ("libcublasLt", "cublas", True),
+    ("libcublas", "cublas", True), ("libnvJitLink", "nvjitlink", True), ("libcupti", "cuda-cupti", True),
+    ("libcusparseLt", "cusparselt", False), ("libcusparse", "cusparse", False), ("libcufft", "cufft", False),
+    ("libcurand", "curand", False), ("libcusolver", "cusolver", False), ("libnvToolsExt", "nvtx", False),
+    ("libcufile", "cufile", False), ("libcudnn", "cudnn", False), ("libnccl", "nccl", False),
+)
+_SUFFIXED = ("cudnn", "nccl", "cusparselt")  # their CUDA 13 wheels keep the -cu13 suffix
+_TORCH_LIBS = ("libtorch_cuda", "libc10_cuda", "libtorch_nvshmem")
+_LIB_RX = re.compile(r"(lib[A-Za-z0-9_+-]*(?:\.so)?(?:\.[0-9]+)*)(?::| cannot found)")
+
+
+def wheel_for(lib: str) -> str | None:
+    """The PyPI wheel that ships a CUDA toolkit library (`libnvrtc.so.12` -> nvidia-cuda-nvrtc-cu12),
+    or None when no wheel does (the driver's own libraries, unknown ones)."""
+    for stem, name, cuda_major in _WHEELS:
+        if lib.startswith(stem + ".") or lib == stem:
+            m = re.search(r"\.so\.([0-9]+)", lib)
+            cu12 = f"nvidia-{name}-cu12"
+            cu13 = f"nvidia-{name}-cu13" if name in _SUFFIXED else f"nvidia-{name}"
+            if cuda_major and m and m.group(1) in ("12", "13"):
+                return cu12 if m.group(1) == "12" else cu13
+            return f"{cu12} or {cu13} (for torch's CUDA 12 or 13)"
+    return None
+
+
+def resolve_library_source(c: Clues) -> Resolution:
+    """A CUDA library that cannot be loaded: the remedy depends on where that library comes from."""
+    if "Could not find CUDA lib directory" in c.text:  # sgl-kernel's older loader looks for the runtime
+        return Resolution("runtime", {"lib": "the CUDA runtime (libcudart)", "wheel": wheel_for("libcudart") or ""})
+    m = _LIB_RX.search(c.text)
+    lib = m.group(1) if m else "a CUDA library"
+    if lib.startswith(_DRIVER_LIBS) or lib == "libcuda":
+        extra = (" Triton looks libcuda.so up with `ldconfig -p`: run ldconfig after the driver is installed, or set "
+                 "TRITON_LIBCUDA_PATH to its directory in service.env.") if "cannot found" in c.text else ""
+        return Resolution("driver", {"lib": lib, "extra": extra})
+    if lib.startswith(_TORCH_LIBS):
+        return Resolution("torch", {"lib": lib})
+    wheel = wheel_for(lib)
+    if wheel is not None:
+        return Resolution("runtime", {"lib": lib, "wheel": wheel})
+    return Resolution("other", {"lib": lib})
+
+
 RESOLVERS: dict[str, tuple[Resolver, tuple[str, ...], tuple[str, ...]]] = {
     "kv_budget": (resolve_kv_budget, ("raise_to", "does_not_fit"), ("have", "need")),
     "feature_dim": (resolve_feature_dim, ("layer_ids", "capture_missing"), ("why",)),
@@ -372,4 +429,5 @@ RESOLVERS: dict[str, tuple[Resolver, tuple[str, ...], tuple[str, ...]]] = {
     # `host` is chosen by `diagnose HOST` (live.gpu_visibility), which knows the profile and the host's cards
     "gpu_visibility": (resolve_gpu_visibility, ("cards", "host"), ("given", "tp", "ranks", "host_cards", "fix")),
     "gpu_arch": (resolve_gpu_arch, ("backend", "kernel"), ("arch", "backend")),
+    "library_source": (resolve_library_source, ("driver", "runtime", "torch", "other"), ("lib", "wheel", "extra")),
 }

@@ -12,6 +12,7 @@ from typing import Any
 
 from ddtree_ops.diagnose import journal
 from ddtree_ops.diagnose.facts import AcceptStats, MemoryFacts
+from ddtree_ops.diagnose.fingerprint import Description
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,8 @@ class Finding:
     frames: tuple[str, ...] = ()  # inside a traceback: the innermost frame, ours, the engine's
     signature: str = ""  # for an unnamed crash: a one-line signature to search issue trackers for
     context: str = ""  # the lines of the log that named the cause (server_args, the raising frame)
+    # an unnamed failure (unclassified_crash): its component, exception and fingerprint (fingerprint.py)
+    description: Description | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +45,7 @@ class Finding:
             **({"frames": list(self.frames)} if self.frames else {}),
             **({"signature": self.signature} if self.signature else {}),
             **({"context": self.context} if self.context else {}),
+            **({"fingerprint": self.description.to_json()} if self.description is not None else {}),
         }
 
 
@@ -49,7 +53,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Report:
-    verdict: str  # healthy | degraded | failed
+    verdict: str  # healthy | degraded | failed | inconclusive (root.verdict_of); a live host may be unreadable
     root_cause: Finding | None
     findings: list[Finding]
     lines: int = 0
@@ -59,6 +63,7 @@ class Report:
     suppressed: dict[str, int] = field(default_factory=dict)  # rule id -> findings not kept
     launch: dict[str, Any] = field(default_factory=dict)  # what the log says about this start (algorithm, weights, stop)
     claimed: dict[str, int] = field(default_factory=dict)  # rule id -> lines it claimed (not in the JSON)
+    serving: tuple[int, str] | None = None  # the last evidence that this start served: (line, what)
 
     @property
     def dummy_weights(self) -> bool:
@@ -73,6 +78,12 @@ class Report:
     def warnings(self) -> list[Finding]:
         return [f for f in self.findings if f.severity == "warning"]
 
+    def not_found(self) -> str:
+        """What an inconclusive verdict read and did not find (issue 31: it says so)."""
+        found = "no failure signature" if not self.warnings else f"{len(self.warnings)} warning(s) and no failure"
+        return (f"{found} in {self.lines} line(s), and no sign that this start served: no ready line, no decode "
+                "batch, no served request")
+
     def to_json(self) -> dict[str, Any]:
         rc = None
         if self.root_cause is not None:
@@ -82,14 +93,18 @@ class Report:
                   "rule_id": f.rule_id, "meaning": f.meaning, **({"hardware": True} if f.hardware else {}),
                   **({"frames": list(f.frames)} if f.frames else {}),
                   **({"signature": f.signature} if f.signature else {}),
-                  **({"context": f.context} if f.context else {})}
+                  **({"context": f.context} if f.context else {}),
+                  **({"fingerprint": f.description.to_json()} if f.description is not None else {})}
         doc: dict[str, Any] = {
             "verdict": self.verdict,
             "root_cause": rc,
             "findings": [f.to_json() for f in self.findings],
             "lines": self.lines,
             "ready_line": self.ready_line,
+            "serving": None if self.serving is None else {"line": self.serving[0], "evidence": self.serving[1]},
         }
+        if self.verdict == "inconclusive":
+            doc["inconclusive"] = self.not_found()
         if self.memory.any():
             doc["memory"] = self.memory.to_json()
         if self.accept.recent:

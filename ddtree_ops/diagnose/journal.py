@@ -19,7 +19,6 @@ Pure functions, no I/O:
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +76,7 @@ _RECORD = re.compile(
     re.X,
 )
 # Other starts of a new record that are kept in the text (uvicorn "INFO:     ...", logging "ERROR:root:").
-_RECORD_KEEP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):(?: |[a-z])")
+RECORD_KEEP = _RECORD_KEEP = re.compile(r"(?:INFO|WARNING|ERROR|DEBUG|CRITICAL):(?: |[a-z])")
 
 _MAX_STRIPS = 8
 _RAY_REPEAT = re.compile(r"\ ?\[repeated [0-9]{1,9}x across cluster\]\s*$")
@@ -142,6 +141,8 @@ def _int(value: Any) -> int:
 
 def parse_json_entry(line: str) -> JsonEntry | None:
     """One `journalctl -o json` line; None when it is not a journal entry."""
+    import json  # only for `journalctl -o json` input
+
     try:
         entry = json.loads(line)
     except (ValueError, RecursionError):
@@ -207,6 +208,12 @@ _EXC_SHAPE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?::|$)")
 
 def is_frame(text: str) -> bool:
     return _FRAME.match(text) is not None
+
+
+def frame_of(text: str) -> Frame | None:
+    """The frame a traceback line names (`  File "p.py", line 3, in f`), or None."""
+    m = _FRAME.match(text)
+    return Frame(m.group(1), int(m.group(2)), (m.group(3) or "").strip()) if m else None
 
 
 def is_caret(text: str) -> bool:
@@ -277,6 +284,12 @@ class TracebackTracker:
                         out.append(f)
                     break
         return out
+
+    def note_lines(self, n: int, after_frame: bool) -> None:
+        """`n` lines of frames, source lines and blanks read elsewhere (a replayed template's
+        body; its frames are appended by the caller): what `step` would have counted."""
+        self._lines += n
+        self._after_frame = after_frame
 
     def step(self, text: str, new_record: bool, line: int) -> tuple[int | None, str]:
         """Feed one cleaned line; returns (group id or None, kind).

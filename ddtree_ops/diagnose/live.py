@@ -353,21 +353,43 @@ class LiveDiagnosis:
     line_us: dict[str, list[tuple[int, str]]] = field(default_factory=dict)
     current_invocation: str = ""
     unreadable: str = ""  # why neither the unit nor the journal could be read (the verdict is then unreadable)
+    # the health endpoint, asked only when this start's journal shows no sign of serving and the
+    # unit runs: (HTTP status or None, what it said)
+    health: tuple[int | None, str] | None = None
 
     def when_us(self, invocation: str, line: int) -> int | None:
         times = self.line_us.get(invocation) or []
         return times[line - 1][0] if 0 < line <= len(times) else None
 
+    def previous_failure(self) -> Finding | None:
+        """The cause the start before this one failed with, when this start has none (after a
+        rolled-back deploy, the host serves the known-good release and the failed start is the last
+        one before it)."""
+        last = self.previous[-1] if self.previous else None
+        if last is None or last.report.root_cause is None or self.current.root_cause is not None:
+            return None
+        rc = last.report.root_cause
+        # a note, not a warning: the verdict is this start's (issue 32: a host that serves healthy
+        # after a failed start is HEALTHY, never DEGRADED, which the deploy contract keeps for
+        # "not serving")
+        return replace(rc, severity="info", rule_id="previous_start_failed",
+                       text=f"the previous start ({last.invocation[:12]}) failed: {rc.text.strip()}")
+
+    @property
+    def serving(self) -> tuple[int, str] | None:
+        """This start's evidence of serving: its journal's, else the health endpoint's 200."""
+        if self.current.serving is not None:
+            return self.current.serving
+        if self.health is not None and self.health[0] == 200:
+            return (0, "health endpoint")
+        return None
+
     def combined(self) -> Report:
         """One report: hardware first, then the journal's own cause, then host and static evidence."""
         findings = [*self.current.findings, *self.extra]
-        last = self.previous[-1] if self.previous else None
-        if last is not None and last.report.root_cause is not None and self.current.root_cause is None:
-            # healthy now (e.g. after a rollback), but the start before this one failed: say why,
-            # as a warning, so `diagnose HOST` after a rolled-back deploy still names the cause
-            rc = last.report.root_cause
-            findings.append(replace(rc, severity="warning", rule_id="previous_start_failed",
-                                    text=f"the previous start ({last.invocation[:12]}) failed: {rc.text.strip()}"))
+        before = self.previous_failure()
+        if before is not None:
+            findings.append(before)
         if self.unreadable:
             # nothing was read: no verdict from nothing (DESIGN: diagnose exits 3, could not read)
             return replace(self.current, verdict="unreadable", root_cause=None, findings=findings)
@@ -385,7 +407,9 @@ class LiveDiagnosis:
                            evidence=f"Result={self.unit.result}", remedy="Read the journal of this start; no line names the cause.",
                            profile_key=None, direction=None, rule_id="unit_failed", role="consequence")
             findings.append(root)
-        return replace(self.current, verdict=verdict_of(root, findings), root_cause=root, findings=findings)
+        serving = self.serving if self.unit.active == "active" or not self.unit.known else None
+        return replace(self.current, verdict=verdict_of(root, findings, serving is not None), root_cause=root,
+                       findings=findings, serving=serving)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -397,7 +421,14 @@ class LiveDiagnosis:
             "gpu": {"gpus": [g.__dict__ for g in self.gpus], "processes": [a.__dict__ for a in self.gpu_apps]},
             "checks": [c.to_json() for c in self.checks],
             "errors": self.errors,
+            **({"health": {"status": self.health[0], "detail": self.health[1]}} if self.health is not None else {}),
+            **({"previous_start_failed": _brief(p)} if (p := self.previous_failure()) is not None else {}),
         }
+
+
+def _brief(f: Finding) -> dict[str, Any]:
+    return {"label": f.label, "line": f.line, "evidence": f.evidence, "text": f.text, "remedy": f.remedy,
+            "profile_key": f.profile_key}
 
 
 def _classify_entries(entries: list[Entry]) -> Report:
@@ -514,6 +545,11 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
         diag.current = replace(current, root_cause=named,
                                findings=[named if f is current.root_cause else f for f in current.findings])
         current = diag.current
+    if current.serving is None and u.active == "active":
+        # the journal of this start shows no sign of serving (rotated, rate-limited, or still
+        # starting): the health endpoint is the live reader's own evidence
+        diag.health = probe_health(host, profile)
+        diag.checks.append(Check("health endpoint", "ok" if diag.health[0] == 200 else "warn", diag.health[1]))
     if current.memory.kv_tokens and diag.gpus:
         diag.checks.append(check_memory(current, predict_memory(host, profile, mode, diag)))
 
@@ -541,6 +577,18 @@ def diagnose_host(host: Host, profile: Profile, mode: str | None = None) -> Live
     if f is not None and not any(x.label == "hidden_capture_missing" for x in current.findings):
         diag.extra.append(f)
     return diag
+
+
+HEALTH_PATH = "/health_generate"  # SGLang's health check that runs a generation (the gate's first probe)
+
+
+def probe_health(host: Host, profile: Profile) -> tuple[int | None, str]:
+    """GET /health_generate on the service port through the host: (status or None, what it said)."""
+    try:
+        resp = host.http("GET", profile.service.port, HEALTH_PATH, timeout=profile.gate.http_timeout_s)
+    except Exception as exc:  # HttpUnavailable, a transport error: no evidence either way, said so
+        return None, f"{HEALTH_PATH} did not answer: {str(exc)[-200:]}"
+    return resp.status, f"{HEALTH_PATH} answered {resp.status}"
 
 
 def predict_memory(host: Host, profile: Profile, mode: str | None, diag: LiveDiagnosis) -> Any:

@@ -21,13 +21,33 @@ if TYPE_CHECKING:
 
 MAX_OTHER = 12  # other findings shown to people (the JSON has all of them)
 
-_VERDICT_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "failed": "bold red"}
+_VERDICT_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "failed": "bold red",
+                  "inconclusive": "bold magenta"}
 _DIRECTION = {"raise": "RAISE", "lower": "LOWER"}
 
 
 def exit_code(verdict: str) -> DiagnoseExit:
+    """DESIGN.md's diagnose codes. `inconclusive` (no failure found and no sign of serving) is 3,
+    the code for "no verdict could be read", as Nagios's 3 is UNKNOWN: never 0 (nothing showed it
+    serves), not 1 (that says "serving, with warnings"), not 2 (nothing failed was found, and a
+    fragment of a healthy log must not roll a service back in a script)."""
     return {"healthy": DiagnoseExit.HEALTHY, "degraded": DiagnoseExit.WARNINGS,
             "failed": DiagnoseExit.FAILURE}.get(verdict, DiagnoseExit.UNREADABLE)
+
+
+def service_verdict(nodes: list[str | None]) -> str:
+    """A multi-node service's verdict from its nodes' (rank 0 first; None: nothing read). Any failure
+    fails it; a node that read nothing leaves it unreadable; otherwise rank 0's verdict says whether
+    it serves (rank 0 serves HTTP and prints the serving lines, the other nodes' journals have none:
+    their own inconclusive is not the service's), degraded if any node warned."""
+    if "failed" in nodes:
+        return "failed"
+    if None in nodes or "unreadable" in nodes or not nodes:
+        return "unreadable"  # a node read nothing: no healthy from nothing
+    head = nodes[0]
+    if head != "healthy":
+        return head  # type: ignore[return-value]
+    return "degraded" if "degraded" in nodes else "healthy"
 
 
 def _esc(text: str) -> str:
@@ -63,13 +83,17 @@ def render(report: Report, *, source: str, console: Console | None = None,
     if root is not None:
         _render_cause(con, root)
     elif last is not None:
-        con.print("\n[bold]serving now[/]; the start before this one failed:")
+        con.print(f"\n[{style}]{report.verdict.upper()}[/]: the previous start failed: {last.label} "
+                  f"({_esc(last.text.strip()[:200])})")
+        _render_serving(con, report, live)
         _render_cause(con, last)
-    elif report.verdict == "healthy":
-        ready = f"ready at line {report.ready_line}" if report.ready_line else "no failure signature"
-        con.print(f"\n{ready}; nothing to fix.")
+    elif report.verdict in ("healthy", "degraded"):
+        _render_serving(con, report, live)
     elif live is not None and live.unreadable:
         con.print(f"\n[bold]could not read[/] {_esc(live.unreadable)}: no verdict from nothing.")
+    if report.verdict == "inconclusive":
+        con.print(f"\n[{style}]not a healthy verdict[/]: {_esc(report.not_found())}. Read more of the log "
+                  "(the whole start), or ask the host: `diagnose HOST` also asks the health endpoint.")
     others = [f for f in report.findings if f is not root and f is not last and f.severity in ("fatal", "warning")]
     benign = [f for f in report.findings if f.severity == "benign"]
     if others:
@@ -99,6 +123,15 @@ def render(report: Report, *, source: str, console: Console | None = None,
         _render_live_tail(con, live)
 
 
+def _render_serving(con: Console, report: Report, live: LiveDiagnosis | None) -> None:
+    if report.serving is None:
+        return
+    line, what = report.serving
+    where = f"line {line}: {what}" if line else (live.health[1] if live is not None and live.health else what)
+    fine = "nothing to fix" if report.verdict == "healthy" else "see the warnings"
+    con.print(f"\n[bold]serving[/]   {_esc(where)}; {fine}.")
+
+
 def _render_cause(con: Console, root: Finding) -> None:
     con.print(f"\n[bold]cause[/]     {root.label}" + ("  [bold magenta]hardware: do not roll back the software[/]"
                                                     if root.hardware else ""))
@@ -108,6 +141,13 @@ def _render_cause(con: Console, root: Finding) -> None:
         con.print(f"          matched: [italic]{_esc(root.evidence[:200])}[/]")
     if root.meaning:
         con.print(f"[bold]meaning[/]   {_esc(root.meaning)}")
+    d = root.description
+    if d is not None:
+        # a failure no rule names, described well enough to act on (fingerprint.py)
+        how = f"named by {d.named_by}" if d.component.id != "unknown" else d.named_by.replace("no ", "nothing names it: no ", 1)
+        con.print(f"[bold]component[/] {_esc(d.component.name)} ({_esc(how)})")
+        if d.exception:
+            con.print(f"[bold]exception[/] {_esc(d.exception)}: {_esc(d.message[:240])}")
     if root.context:
         con.print(f"[bold]context[/]   {_esc(root.context)}")
     if root.frames:

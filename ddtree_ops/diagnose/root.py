@@ -20,10 +20,19 @@ ROLE_IN_GROUP = {"cause": 0, "downstream": 0, "wrapper": 1, "death": 1.5, "backs
 ROLE_CLASS = {"cause": 0, "downstream": 0, "wrapper": 0, "death": 1, "backstop": 1, "consequence": 2}
 
 
-def verdict_of(root: Finding | None, findings: list[Finding]) -> str:
-    """DESIGN.md's verdicts: a root cause fails the start; warnings alone degrade it."""
+VERDICTS = ("healthy", "degraded", "failed", "inconclusive")
+
+
+def verdict_of(root: Finding | None, findings: list[Finding], serving: bool) -> str:
+    """The verdict of what was read: a root cause fails it; otherwise it needs positive evidence
+    that the server served (a ready milestone, decode batches, served requests; for a live host
+    also its health endpoint) to be healthy, or degraded with warnings. Without that evidence it is
+    inconclusive, warnings or not: a fragment that ends before a server started is not a healthy
+    server (issue 31: two such failure logs were called healthy)."""
     if root is not None:
         return "failed"
+    if not serving:
+        return "inconclusive"
     return "degraded" if any(f.severity == "warning" for f in findings) else "healthy"
 
 

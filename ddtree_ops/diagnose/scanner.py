@@ -27,25 +27,29 @@ report as feeding everything at once.
 from __future__ import annotations
 
 import re
+from bisect import bisect_left
 from collections.abc import Iterable, Iterator
-from typing import IO
+from dataclasses import dataclass, field, replace
+from typing import IO, Any
 
 from ddtree_ops.diagnose import ending, journal
-from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, index_for, load_catalogue, lookback_rx,
+from ddtree_ops.diagnose.catalogue import (ACCEPT, Catalogue, Rule, build_rx, index_for, load_catalogue, lookback_rx,
                                            screen_for)
 from ddtree_ops.diagnose.context import DECLINE, RESOLVERS, Clues, LaunchContext, Resolution, note_launch, note_visible
 from ddtree_ops.diagnose.facts import ACCEPT_STREAK, AcceptTracker, MemoryFacts, parse_memory
 from ddtree_ops.diagnose.findings import Finding, Report, crash_signature
+from ddtree_ops.diagnose.replay import (ACCEPT_B, DIGIT0, HELD_ROLES, MAX_MATCH_CHARS, MAX_PER_RULE, SHUTDOWN_ROLES, Run,
+                                        Learning, Template, TracebackReplay)
+from ddtree_ops.diagnose.fingerprint import describe
 from ddtree_ops.diagnose.root import choose_root, verdict_of
 
-MAX_MATCH_CHARS = 16384  # a hit inside a longer line is matched in a window around the hit
 MAX_TEXT_CHARS = 2000  # what a finding keeps of its line
-MAX_PER_RULE = 50  # findings kept per rule (the rest are counted): a 1 GB journal stays small
 MAX_MEMO = 1 << 16  # message shapes remembered (then forgotten at once: a flood has few shapes)
 LOOKBACK_BYTES = 1 << 16  # how far back a stop or start of the unit is looked for before shutdown noise
 ORPHAN_BYTES = 1 << 15  # how far back the frames of a traceback without its header are read
 ORPHAN_LINES = 400
 SPEC_LOOKBACK_BYTES = 2048  # "right before": a native abort this close to a speculative setting
+BUILD_LINES, BUILD_BYTES = 40, 8192  # how far above a build tool's exit status its error line is looked for
 _SPEC_SETTING_RX = re.compile(rb"[Ss]peculative|speculative_|EAGLE|NEXTN|DFLASH|DDTREE|draft model|draft_model")
 # a line that can end a traceback: what the frames before it were raising
 _EXC_START = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,200}(?:Error|Exception|Exit|Interrupt|Warning)(?::|$)")
@@ -55,8 +59,17 @@ _XID_RX = re.compile(r"NVRM: Xid \([^)]{0,64}\): ([0-9]{1,4})")
 # template, never a message: a logged message has its placeholders filled in)
 _RAISE_CODE = re.compile(r"\s*raise [A-Za-z_][A-Za-z0-9_.]*\(|\s+[rb]?f[\"'].{0,400}\{[^}]{1,200}\}")
 _INLINE_RAISE = re.compile(r'(", line [0-9]+, in [^ ]{1,200} )raise [A-Za-z_][A-Za-z0-9_.]{0,200}\(')
-_ACCEPT_B = ACCEPT.encode()
-_DIGIT0 = bytes.maketrans(b"0123456789", b"0000000000")
+# Positive evidence that a server served (besides the ready milestone, the catalogue's server_ready
+# rule): SGLang's batch reports (srt/managers/scheduler_components/metrics_reporter.py: "Decode
+# batch. #running-req" / "Prefill batch. #new-seq" in 0.4, with a comma since: a request is being
+# served) and uvicorn's access line of a generation request or a health check that generated,
+# answered 200. Never screened (every healthy line holds one): looked for from the end of each
+# block with bytes.rfind, only the last one counts.
+_BATCHES = ((b"Decode batch", (b"#running-req",), "decode batch"), (b"Prefill batch", (b"#new-seq",), "prefill batch"))
+_OK_B = b'" 200'
+_SERVED_RX = re.compile(rb'"(?:POST|GET) /(?:generate|v1/(?:chat/)?completions|v1/responses|health_generate)'
+                        rb'[^" ]{0,200} HTTP/[0-9.]{1,3}" 200')
+_SERVED_TRIES = 16  # access lines of other paths tried from the end before one regex pass over the block
 
 
 def _to_bytes(line: str | bytes) -> bytes:
@@ -65,12 +78,9 @@ def _to_bytes(line: str | bytes) -> bytes:
     return line.encode("utf-8", "surrogateescape")
 
 
-_HELD_ROLES = ("wrapper", "backstop", "consequence", "death")  # held while their traceback is still open
-# after a requested stop these are shutdown, not a crash (a specific cause still counts)
-_SHUTDOWN_ROLES = ("consequence", "death", "backstop", "downstream")
 
 
-class Scanner:
+class Scanner(TracebackReplay):
     """Incremental classifier: feed lines as they arrive, ask for the report at any time.
 
     `feed()` returns the findings confirmed by the new lines. A specific cause is returned at
@@ -80,11 +90,14 @@ class Scanner:
     line that explains it arrives.
     """
 
+    replay = True  # repeated tracebacks replayed from templates, and runs of them counted in bulk (replay.py)
+
     def __init__(self, catalogue: Catalogue | None = None) -> None:
         self.cat = catalogue or load_catalogue()
         self.screen = screen_for(self.cat)
         self._index = index_for(self.cat)
         self._lookback_rx = lookback_rx(self.cat)  # looked up once: hashing a catalogue is not free
+        self._summary_rx, self._build_error_rx = build_rx(self.cat)
         self._rules = self.cat.rules
         # an exception no rule names is kept as the catalogue's generic backstop's evidence
         self._backstop = next((r for r in self.cat.rules if r.role == "backstop"), None)
@@ -95,13 +108,27 @@ class Scanner:
         self._line = 0  # input lines consumed so far
         self._findings: list[Finding] = []
         self._pending: list[Finding] = []  # inside the open traceback
+        self._pending_n: list[tuple[str, str]] = []  # (rule id, role) of held findings whose rule has its examples
+        self._templates: dict[bytes, Template] = {}  # a traceback header's shape -> the body that followed it
+        self._learning: Learning | None = None  # the traceback being read line by line, to become a template
+        self._consumed = 0  # bytes offset of the end of the last line a replayed traceback consumed
+        self._replayed: tuple[int, bytes, int] | None = None  # the last replayed traceback: group, template, winner
+        self._closers: dict[bytes, tuple[bytes, int]] = {}  # template -> the line shape that closed it, its decision
+        self._runs: dict[tuple[bytes, str, bytes], Run | None] = {}  # (template, class, closer) -> its run
+        self._hits: list[int] = []  # the screen's hits in the block being scanned
+        self._replays = self._bulk = 0
+        self._end = 0  # the end of the block being scanned
         self._per_rule: dict[str, int] = {}
         self._suppressed: dict[str, int] = {}
         self._first_fatal: Finding | None = None
         self._ready_line: int | None = None
+        self._last_ready: int | None = None  # the last ready milestone (a later start may follow the first)
+        self._served: tuple[int, str] | None = None  # the last decode report or served request: (line, what)
         self._memory = MemoryFacts()
         self._accept = AcceptTracker()
         self._harmless_record = -2  # the line of the last benign record that covers the traceback after it
+        self._tb_head: tuple[int, str] = (0, "")  # the open traceback group and the text of its first line
+        self._raw = b""  # the line being read, as the log has it
         self._claimed: dict[str, int] = {}  # rule id -> lines it claimed (info and benign rules too)
         self._json: bool | None = None  # decided on the first non-blank input
         self._partial = b""  # an incomplete last line from feed_bytes
@@ -122,6 +149,11 @@ class Scanner:
     @property
     def lines(self) -> int:
         return self._line
+
+    @property
+    def replayed(self) -> tuple[int, int]:
+        """(tracebacks replayed from a template, events of runs counted in bulk): how the input was read."""
+        return self._replays, self._bulk
 
     @property
     def context(self) -> LaunchContext:
@@ -183,10 +215,23 @@ class Scanner:
             root = self._died_at_end()
             if root is not None:
                 findings = sorted([*findings, root], key=lambda f: (f.line, f.rule_id))
-        verdict = verdict_of(root, findings)
+        serving = self.serving()
+        verdict = verdict_of(root, findings, serving is not None)
         return Report(verdict=verdict, root_cause=root, findings=findings, lines=self._line,
                       ready_line=self._ready_line, memory=self._memory, accept=self._accept.stats(),
-                      suppressed=dict(self._suppressed), launch=self._ctx.to_json(), claimed=dict(self._claimed))
+                      suppressed=dict(self._suppressed), launch=self._ctx.to_json(), claimed=dict(self._claimed),
+                      serving=serving)
+
+    def serving(self) -> tuple[int, str] | None:
+        """The last positive evidence of serving in what was read, as (line, what), when it comes
+        after the last start of the server (a `server_args` line): a ready milestone, a decode
+        report or a served request. None: nothing read shows this start served."""
+        got = [(line, what) for line, what in ((self._last_ready or 0, "ready"), *(self._served and [self._served] or []))
+               if line]
+        if not got:
+            return None
+        line, what = max(got)
+        return (line, what) if line > (self._ctx.launch_line or 0) else None
 
     # ---------------------------------------------------------------- blocks
 
@@ -232,6 +277,7 @@ class Scanner:
         accept = self._accept
         self._buf, self._seen_to = buf, start  # for _lookback: lines before start were not looked at
         self._block = (start, base, line_map)
+        self._end = end
 
         def lineno(i: int) -> int:
             return line_map[i] if line_map is not None else base + i + 1
@@ -243,8 +289,11 @@ class Scanner:
                 e = find(b"\n", pos, end)
                 e = e if e >= 0 else end
                 self._cur = pos
-                self._line_full(buf[pos:e], lineno(idx), hit=None)
-                pos, idx = e + 1, idx + 1
+                more = self._line_full(buf[pos:e], lineno(idx), hit=None)
+                if more:  # a replayed traceback: its lines are done
+                    pos, idx = self._consumed + 1, idx + 1 + more
+                else:
+                    pos, idx = e + 1, idx + 1
             if not self._tb.open:
                 self._settle_group()
 
@@ -254,6 +303,7 @@ class Scanner:
             hits, where = screened[0], screened[1]
         else:
             hits, where = (self.screen.hits(buf, pos, end) if pos < end else []), None
+        self._hits = hits
         for k, h in enumerate(hits):
             if h < pos:
                 continue  # already handled (same line, or inside a traceback read line by line)
@@ -264,20 +314,24 @@ class Scanner:
             e = find(b"\n", ls, end)
             if e < 0:
                 e = end
-            if accept.streak and find(_ACCEPT_B, ls, e) >= 0 and count(_ACCEPT_B, accept_from, ls):
+            if accept.streak and find(ACCEPT_B, ls, e) >= 0 and count(ACCEPT_B, accept_from, ls):
                 # an accept-len report the screen skipped lies between the previous low one and
                 # this one: it was not low, so the streak of 1.00s is broken
                 accept.broken()
             self._cur = ls
-            line_full(buf[ls:e], line_map[idx] if line_map is not None else base + idx + 1, hit=h - ls)
+            more = line_full(buf[ls:e], line_map[idx] if line_map is not None else base + idx + 1, hit=h - ls)
+            if more:  # a traceback replayed from its template: the lines it consumed are done
+                e = self._consumed
+                idx += more
             if accept.streak:
                 accept_from = e  # reports after this line decide whether the streak holds
             pos, idx = e + 1, idx + 1
             if self._tb.open:
                 slow_until_closed()
-        if accept.streak and count(_ACCEPT_B, accept_from, end):
+        if accept.streak and count(ACCEPT_B, accept_from, end):
             accept.broken()
         accept.note_recent(buf, start, end)
+        served = _last_served(buf, start, end)
         # what was not looked back at yet: its end may hold a stop that explains the next block
         tail_from = max(self._seen_to, end - LOOKBACK_BYTES)
         self._carry = buf[tail_from:end] if tail_from < end else b""
@@ -292,6 +346,12 @@ class Scanner:
             self._line = base + idx + count(b"\n", pos, end)
         else:  # the last line had no newline: it is not a complete line
             self._line = base + idx - 1
+        if served is not None:
+            if line_map is not None:
+                i = count(b"\n", start, served[0])
+                self._served = (line_map[i] if i < len(line_map) else self._line, served[1])
+            else:  # counted from the end: the last such line is usually near it
+                self._served = (self._line - count(b"\n", served[0], end) + 1, served[1])
         # the input line of each of the last lines, beside the tail that holds their text
         last = line_map[-ending.ENDING_LINES:] if line_map is not None else \
             range(max(base, self._line - ending.ENDING_LINES) + 1, self._line + 1)
@@ -306,21 +366,32 @@ class Scanner:
         rx = self._lookback_rx
         upto = self._cur
         lo = max(self._seen_to, upto - LOOKBACK_BYTES)
-        region = self._carry + (self._buf[lo:upto] if self._buf and lo < upto else b"")
+        carry = self._carry
         self._seen_to, self._carry = max(self._seen_to, upto), b""
-        if rx is None or not region:
+        if rx is None:
             return
-        carried = len(region) - (upto - lo if self._buf and lo < upto else 0)
-        for m in rx.finditer(region):
-            ls = region.rfind(b"\n", 0, m.start()) + 1
-            le = region.find(b"\n", m.end())
-            text, _ = journal.clean_line(region[ls:le if le >= 0 else len(region)].decode("utf-8", "replace"))
-            for i in self._index.candidates(text):
-                rule = self._rules[i]
-                if rule.context in ("start", "stop") and rule.search(text):
-                    self._claimed[rule.id] = self._claimed.get(rule.id, 0) + 1
-                    self._note_context(rule, text, self._lineno_at(lo + ls - carried) if ls >= carried else 0)
-                    break
+        if carry:  # the previous block's end, not looked at yet (its lines have no number here)
+            for m in rx.finditer(carry):
+                self._start_or_stop(carry, m, None)
+        if self._buf and lo < upto:
+            # searched in place (no copy): a healthy stretch costs one failed search
+            m = rx.search(self._buf, lo, upto)
+            while m is not None:
+                self._start_or_stop(self._buf, m, lo)
+                m = rx.search(self._buf, m.end(), upto)
+
+    def _start_or_stop(self, region: bytes, m: re.Match[bytes], lo: int | None) -> None:
+        """A start or stop keyword found by `_lookback` in `region`: note it if a rule says so."""
+        base = 0 if lo is None else lo
+        ls = max(base, region.rfind(b"\n", base, m.start()) + 1)
+        le = region.find(b"\n", m.end())
+        text, _ = journal.clean_line(region[ls:le if le >= 0 else len(region)].decode("utf-8", "replace"))
+        for i in self._index.candidates(text):
+            rule = self._rules[i]
+            if rule.context in ("start", "stop") and rule.search(text):
+                self._claimed[rule.id] = self._claimed.get(rule.id, 0) + 1
+                self._note_context(rule, text, self._lineno_at(ls) if lo is not None else 0)
+                break
 
     def _spec_setting_just_before(self) -> bool:
         """Whether one of the few lines before the current one is about speculative decoding."""
@@ -330,6 +401,36 @@ class Scanner:
         recent = (self._tail + self._buf[block_start:cur] if cur - block_start < SPEC_LOOKBACK_BYTES
                   else self._buf[cur - SPEC_LOOKBACK_BYTES:cur])
         return _SPEC_SETTING_RX.search(recent[-SPEC_LOOKBACK_BYTES:]) is not None
+
+    def _build_error_above(self) -> tuple[int, str] | None:
+        """The nearest line above the current one (up to BUILD_LINES lines and BUILD_BYTES, the
+        previous blocks' tail included, so a poll boundary changes nothing) that is a compiler's,
+        linker's or shell's own error line: (its input line, its text)."""
+        rx, summary = self._build_error_rx, self._summary_rx
+        if rx is None or summary is None or not self._buf:
+            return None
+        block_start = self._block[0]
+        lo = max(block_start, self._cur - BUILD_BYTES)
+        seen = 0
+        end = self._cur
+        while end > lo and seen < BUILD_LINES:  # this block's lines above the current one
+            nl = self._buf.rfind(b"\n", lo, end - 1)
+            if nl < 0 and lo > block_start:
+                return None  # the window's first line may be cut
+            s = nl + 1 if nl >= 0 else lo  # (the block's first line starts at the block)
+            text = journal.clean_line(self._buf[s:end].decode("utf-8", "replace"))[0]
+            if rx.search(text) and not summary.search(text):
+                return self._lineno_at(s), text.strip()
+            end, seen = s, seen + 1
+        if lo > block_start or not self._tail:
+            return None
+        tail = self._tail[-BUILD_BYTES:].split(b"\n")[:-1]  # the previous blocks' last lines
+        numbers = self._end_lines
+        for k in range(1, min(len(tail), len(numbers), BUILD_LINES - seen) + 1):
+            text = journal.clean_line(tail[-k].decode("utf-8", "replace"))[0]
+            if rx.search(text) and not summary.search(text):
+                return numbers[-k], text.strip()
+        return None
 
     def _adopt_orphan_frames(self, lineno: int) -> None:
         """An exception line after frames but no `Traceback` header (a pasted excerpt, a header lost
@@ -362,6 +463,7 @@ class Scanner:
             return
         start = lineno - len(back)
         self._tb.step(journal.TRACEBACK_HEADER, True, start)
+        self._tb_head = (self._tb.group, back[-1].strip())  # the group's first line is its first frame
         for text in reversed(back):
             self._tb.step(text, False, start)
 
@@ -373,37 +475,52 @@ class Scanner:
 
     # ---------------------------------------------------------------- lines
 
-    def _line_full(self, raw: bytes, lineno: int, hit: int | None) -> None:
+    def _line_full(self, raw: bytes, lineno: int, hit: int | None) -> int:
+        """One line read in full; returns how many lines after it were read with it (a traceback
+        replayed from its template, ending at `self._consumed`), else 0."""
+        self._raw = raw  # the line as the log has it: an unnamed failure's logger prefix is read from it
         key: bytes | None = None
         if len(raw) > MAX_MATCH_CHARS:
             center = hit if hit is not None else 0
             lo = max(0, center - MAX_MATCH_CHARS // 2)
             raw = raw[lo: lo + MAX_MATCH_CHARS]
         elif not self._tb.open:
-            key = raw.translate(_DIGIT0)
+            key = raw.translate(DIGIT0)
+            tpl = self._templates.get(key) if self._templates and self.replay else None
+            if tpl is not None:
+                more = self._replay(tpl, raw, lineno)
+                if more:
+                    return more
             known = self._memo.get(key)
-            if known is not None:
-                if known < 0:
-                    return  # a shape that no rule claims (a screen false positive)
-                rid = self._rules[known].id
-                self._claimed[rid] = self._claimed.get(rid, 0) + 1
-                n = self._per_rule.get(rid, 0)
-                if n >= MAX_PER_RULE:
-                    # the rule has its examples: this copy is only counted
-                    self._per_rule[rid] = n + 1
-                    self._suppressed[rid] = self._suppressed.get(rid, 0) + 1
-                    return
+            if known is not None and self._memoised(known):
+                return 0
         text, new_record = journal.clean_line(raw.decode("utf-8", "replace"))
         was_open = self._tb.open
         if not was_open and _EXC_START.match(text) and (self._buf or self._tail):
             self._adopt_orphan_frames(lineno)
         group, kind = self._tb.step(text, new_record, lineno)
+        if kind == "header" and group != self._tb_head[0]:
+            self._tb_head = (group, text.strip())
+            self._learning = Learning(key, text.strip(), len(raw)) if self.replay and key is not None \
+                and self._tb.start_line == lineno \
+                and self._block[2] is None else None
+        elif self._learning is not None:
+            self._learn(raw, text, kind, new_record)
         if was_open and group is None:
             self._settle_group()
+            if kind == "other" and key is None and len(raw) <= MAX_MATCH_CHARS:
+                # the line that closed a traceback is read like any line outside one: its shape's
+                # decision applies (a server failing every request: the next record after each)
+                key = raw.translate(DIGIT0)
+                known = self._memo.get(key)
+                if known is not None and self._memoised(known):
+                    if self._replayed is not None and self._replayed[0] == self._tb.group:
+                        self._closers[self._replayed[1]] = (key, known)  # what follows this template
+                    return 0
         if kind in ("frame", "code") or (group is None and _RAISE_CODE.match(text)):
             # source code quoted by a traceback (`raise HFValidationError(`, `f"Cannot reach {url}"`), with or without its
             # frame line (pasted excerpts), is not an error message
-            return
+            return 0
         has_accept = ACCEPT in text
         if has_accept:
             self._accept_line(text, lineno)
@@ -417,11 +534,19 @@ class Scanner:
             # frames quote is source code, not the error (blanked, so offsets stay the line's)
             seen = _INLINE_RAISE.sub(lambda r: r.group(1) + " " * (r.end() - r.start(1) - len(r.group(1))), text)
         rule, m, named = self._match(seen, group, cands)
+        if kind == "header" and self._learning is not None and (cands or has_accept):
+            self._learning = None  # a header line that says more than the header is read in full each time
         if key is not None and kind == "other" and group is None and not has_accept \
                 and (rule is None or rule.plain) and not self._digits_matter(text, cands):
             if len(self._memo) >= MAX_MEMO:
                 self._memo.clear()
             self._memo[key] = -1 if rule is None else rule.order
+        self._decided(rule, m, named, text, lineno, group, kind)
+        return 0
+
+    def _decided(self, rule: Rule | None, m: re.Match[str] | None, named: Resolution | None, text: str,
+                 lineno: int, group: int | None, kind: str) -> None:
+        """What the rule that claimed a line (or none) makes of it."""
         if rule is not None:
             self._claimed[rule.id] = self._claimed.get(rule.id, 0) + 1
         if rule is None:
@@ -440,6 +565,22 @@ class Scanner:
         if rule.role == "backstop":
             evidence = text.strip()[:300]
         self._add(rule, text, evidence, lineno, group, named)
+
+    def _memoised(self, known: int) -> bool:
+        """Apply a memoised decision for a line's shape; False when the line must be read (its
+        rule has not kept its examples yet)."""
+        if known < 0:
+            return True  # a shape that no rule claims (a screen false positive)
+        rid = self._rules[known].id
+        self._claimed[rid] = self._claimed.get(rid, 0) + 1
+        n = self._per_rule.get(rid, 0)
+        if n >= MAX_PER_RULE:
+            # the rule has its examples: this copy is only counted
+            self._per_rule[rid] = n + 1
+            self._suppressed[rid] = self._suppressed.get(rid, 0) + 1
+            return True
+        self._claimed[rid] -= 1  # read in full below, where it is claimed again
+        return False
 
     def _digits_matter(self, text: str, cands: tuple[int, ...]) -> bool:
         """Whether a candidate rule has a pattern that tells digits apart and whose keyword is in
@@ -486,6 +627,7 @@ class Scanner:
         elif rule.id == "server_ready":
             if self._ready_line is None or "ready to roll" in text:
                 self._ready_line = lineno
+            self._last_ready = lineno
         else:
             self._memory = parse_memory(text, self._memory)
 
@@ -543,9 +685,9 @@ class Scanner:
             meaning, remedy = variant.filled(facts)
             if rule.xid_hardware and not hardware and code in (13, 31):
                 label = "illegal_memory_access"  # the application Xids of a bad memory access
-        if rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning") and self._buf:
+        if rule.role in SHUTDOWN_ROLES and severity in ("fatal", "warning") and self._buf:
             self._lookback()
-        if self._ctx.stop_line is not None and rule.role in _SHUTDOWN_ROLES and severity in ("fatal", "warning"):
+        if self._ctx.stop_line is not None and rule.role in SHUTDOWN_ROLES and severity in ("fatal", "warning"):
             severity = "benign"
             meaning = (f"Shutdown after the stop requested at line {self._ctx.stop_line}, not a crash. " + meaning).strip()
         if rule.covers_traceback and severity == "benign":
@@ -555,11 +697,22 @@ class Scanner:
             severity = "benign"
             meaning = (f"Part of the harmless record at line {self._harmless_record} (its logger attached the "
                        f"traceback), not a crash. " + meaning).strip()
-        held = group is not None and self._tb.open and rule.role in _HELD_ROLES
-        if not held and self._per_rule.get(rule.id, 0) >= MAX_PER_RULE:
-            # the rule has its examples: count this one without building it
-            self._per_rule[rule.id] += 1
-            self._suppressed[rule.id] = self._suppressed.get(rule.id, 0) + 1
+        if (rule.role in ("cause", "wrapper", "downstream") and self._summary_rx is not None
+                and self._summary_rx.search(text) and self._per_rule.get(rule.id, 0) < MAX_PER_RULE):
+            # a build tool's exit status over the compiler's or shell's own error line: that line wins
+            above = self._build_error_above()
+            if above is not None:
+                context = "; ".join(x for x in (context, f"the build tool's line {lineno}: {text.strip()[:200]}") if x)
+                lineno, text, evidence = above[0], above[1], above[1][:300]
+        held = group is not None and self._tb.open and rule.role in HELD_ROLES
+        if self._per_rule.get(rule.id, 0) >= MAX_PER_RULE:
+            # the rule has its examples: count this one without building it (a held one when its
+            # traceback settles, as a built one would have been)
+            if held:
+                self._pending_n.append((rule.id, rule.role))
+            else:
+                self._per_rule[rule.id] += 1
+                self._suppressed[rule.id] = self._suppressed.get(rule.id, 0) + 1
             return
         frames: tuple[str, ...] = ()
         signature = ""
@@ -568,10 +721,18 @@ class Scanner:
             frames = tuple(f.short() for f in inner)
             if rule.role == "backstop" and label == "unclassified_crash":
                 signature = crash_signature(text, self._tb.part)
+        description = None
+        if label == "unclassified_crash" and rule.role in ("backstop", "consequence"):
+            # a failure no rule names: its component, exception and fingerprint (issue 31)
+            description = describe(text, self._tb.part if group is not None else [],
+                                   self._raw.decode("utf-8", "replace"), self.cat.components)
+            if rule.role == "backstop":
+                remedy, profile_key = description.component.remedy, description.component.profile_key
         f = Finding(label=label, severity=severity, line=lineno, text=text[:MAX_TEXT_CHARS],
                     evidence=evidence[:MAX_TEXT_CHARS], remedy=remedy, profile_key=profile_key,
                     direction=direction, rule_id=rule.id, role=rule.role, meaning=meaning,
-                    group=group, hardware=hardware, frames=frames, signature=signature, context=context)
+                    group=group, hardware=hardware, frames=frames, signature=signature, context=context,
+                    description=description)
         if held:
             # generic evidence waits for the end of its traceback, where a specific cause may follow
             self._pending.append(f)
@@ -614,28 +775,75 @@ class Scanner:
         if any(f.line == cite and f.severity == "benign" for f in self._findings):
             return None  # a line the catalogue knows as harmless (a rejected request's ValueError)
         text = journal.clean_line(texts[hit[0]])[0].strip()
-        return self._derived("process_died_at_end", {}, cite, text, text[:300], "backstop")
+        died = self._derived("process_died_at_end", {}, cite, text, text[:300], "backstop")
+        frames = [fr for t in texts[hit[1]:hit[0] + 1] if (fr := journal.frame_of(journal.clean_line(t)[0])) is not None]
+        what = describe(text, frames, texts[hit[0]], self.cat.components)
+        return replace(died, remedy=what.component.remedy, profile_key=what.component.profile_key, description=what,
+                       frames=tuple(f.short() for f in frames[-1:]))
 
     def _pending_settled(self) -> list[Finding]:
         """Findings of a traceback still open at report time (the input ended inside it)."""
         out = list(self._pending)
         rule = self._backstop
-        if rule is not None and self._tb.open and not any(f.role != "consequence" for f in out):
+        if rule is not None and self._tb.open and not any(f.role != "consequence" for f in out) \
+                and not any(role != "consequence" for _, role in self._pending_n):
             start = self._tb.starts.get(self._tb.group, 0)
             covered = self._ctx.stop_line is not None or start == self._harmless_record + 1
             severity = "benign" if covered else rule.severity
-            out.append(Finding(label=rule.label, severity=severity, line=start, text=journal.TRACEBACK_HEADER,
-                               evidence=journal.TRACEBACK_HEADER, remedy=rule.remedy, profile_key=None,
-                               direction=None, rule_id=rule.id, role="backstop", meaning=rule.meaning,
-                               group=self._tb.group, frames=tuple(f.short() for f in self._tb.innermost())))
+            # the group's first line as the log has it: its header, or its first frame where the
+            # header was lost (an excerpt): the evidence is on the line cited
+            head = self._tb_head[1] if self._tb_head[0] == self._tb.group and self._tb_head[1] else journal.TRACEBACK_HEADER
+            what = describe(head, self._tb.part, head, self.cat.components)
+            out.append(Finding(label=rule.label, severity=severity, line=start, text=head,
+                               evidence=head[:300], remedy=what.component.remedy,
+                               profile_key=what.component.profile_key, direction=None, rule_id=rule.id,
+                               role="backstop", meaning=rule.meaning, group=self._tb.group,
+                               frames=tuple(f.short() for f in self._tb.innermost()), description=what))
         return out
 
     def _settle_group(self) -> None:
+        if self._pending_n:
+            for rid, _ in self._pending_n:
+                self._per_rule[rid] = self._per_rule.get(rid, 0) + 1
+                self._suppressed[rid] = self._suppressed.get(rid, 0) + 1
+            self._pending_n = []
         if not self._pending:
             return
         pending, self._pending = self._pending, []
         for f in pending:
             self._record(f)
+
+
+def _last_served(buf: bytes, start: int, end: int) -> tuple[int, str] | None:
+    """The offset of the last line in buf[start:end] that shows serving (a decode or prefill report,
+    a served request), and what it is; None when there is none. Found from the end with
+    bytes.rfind: a block without any costs a few passes of memchr-speed search."""
+    best: tuple[int, str] | None = None
+    for needle, tails, what in _BATCHES:
+        i = buf.rfind(needle, start, end)
+        while i >= 0:
+            j = i + len(needle)
+            if buf[j:j + 2] in (b". ", b", ") and buf.startswith(tails, j + 2):
+                ls = buf.rfind(b"\n", start, i) + 1
+                if best is None or ls > best[0]:
+                    best = (ls, what)
+                break
+            i = buf.rfind(needle, start, i)
+    lo = best[0] if best is not None else start
+    i, tries = buf.rfind(_OK_B, lo, end), 0
+    while i >= 0 and tries < _SERVED_TRIES:
+        ls = buf.rfind(b"\n", start, i) + 1
+        if _SERVED_RX.search(buf, ls, i + len(_OK_B)):
+            return (ls, "served request")
+        i, tries = buf.rfind(_OK_B, lo, ls), tries + 1
+    if i >= 0:
+        # many 200s of other paths (metrics scrapes): one pass of the regex over what is left
+        last = None
+        for last in _SERVED_RX.finditer(buf, lo, i + len(_OK_B)):
+            pass
+        if last is not None:
+            return (buf.rfind(b"\n", start, last.start()) + 1, "served request")
+    return best
 
 
 # ------------------------------------------------------------------ entry points

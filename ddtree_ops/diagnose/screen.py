@@ -65,7 +65,7 @@ def _healthy_sample() -> str:
     return "\n".join(out) + "\n"
 
 
-HEALTHY_SAMPLE = _healthy_sample()
+HEALTHY_SAMPLE = _healthy_sample()  # (cheap: string formatting; the byte frequencies below are computed when needed)
 
 
 def _byte_freq(sample: str) -> dict[str, float]:
@@ -76,7 +76,11 @@ def _byte_freq(sample: str) -> dict[str, float]:
     return {ch: n / total for ch, n in counts.items()}
 
 
-FREQ = _byte_freq(HEALTHY_SAMPLE)
+@lru_cache(maxsize=1)
+def _freq() -> dict[str, float]:
+    """How often each character is in healthy serving lines: only choosing anchors needs it (parsing a
+    catalogue, building the stdlib screen), not a catalogue read back from the disk cache."""
+    return _byte_freq(HEALTHY_SAMPLE)
 _RARE_SPACING = 1000  # a memchr loop hands over to a regex pass when its byte is denser than this
 _SAMPLE = 1 << 16  # the start of a block that decides, per anchor, memchr loop or regex pass
 
@@ -85,12 +89,12 @@ def memchr_cost(ch: str) -> float:
     """Cost of one anchor found with a `bytes.find` loop, in units of one regex pass (measured on
     CPython 3.11, bench/diagnose_scan.py's journals: a one-byte find runs at ~18 GB/s, 1/20 of a
     pass; each occurrence costs ~0.9 us of Python, a find and a match)."""
-    return 0.055 + 900.0 * FREQ.get(ch, 0.0)
+    return 0.055 + 900.0 * _freq().get(ch, 0.0)
 
 
 def regex_cost(ch: str) -> float:
     """A `re` pass whose pattern starts with this literal byte (1.0 = ~1 GB/s here)."""
-    return 1.0 + 100.0 * FREQ.get(ch, 0.0)
+    return 1.0 + 100.0 * _freq().get(ch, 0.0)
 
 
 def anchor_cost(ch: str) -> float:
@@ -144,6 +148,41 @@ def required_literal_sets(pattern: str) -> list[list[str]]:
         run = [a + b for a in run for b in alts]
     flush()
     return sets
+
+
+def necessary_literals(pattern: str) -> list[tuple[str, ...]]:
+    """Sets of literals (any-of) of which every match of `pattern` holds one: runs of literal
+    characters, and for an alternation whose every branch holds a literal, the set of one per
+    branch. Looser than `required_literal_sets` (it reaches into groups with optional parts); used
+    to skip a pattern's search when a line holds none of a set."""
+
+    def sets(seq: Any) -> list[tuple[str, ...]]:
+        out: list[tuple[str, ...]] = []
+        run = ""
+        for op, av in seq:
+            if op is _c.LITERAL:
+                run += chr(av)
+                continue
+            if run:
+                out.append((run,))
+                run = ""
+            if op is _c.SUBPATTERN:
+                out += sets(av[-1])
+            elif op is _c.BRANCH:
+                alts = [best(alt) for alt in av[1]]
+                if all(alts):
+                    out.append(tuple(dict.fromkeys(x for a in alts for x in a)))  # type: ignore[union-attr]
+            elif op in (_c.MAX_REPEAT, _c.MIN_REPEAT) and av[0] >= 1:
+                out += sets(av[2])
+        if run:
+            out.append((run,))
+        return out
+
+    def best(seq: Any) -> tuple[str, ...] | None:
+        got = sets(seq)
+        return max(got, key=lambda t: min(len(x) for x in t)) if got else None
+
+    return sets(_sre_parse.parse(pattern))
 
 
 _DIGIT_RUN = re.compile(r"[0-9]+")
@@ -306,7 +345,8 @@ def plan_screen(pattern_sets: list[list[tuple[str, ...]]], extra: Iterable[str] 
             anchors &= ~bit[ch]
 
     def selectivity(s: tuple[str, ...]) -> float:
-        return max(100.0 * min(FREQ.get(ch, 0.0) for ch in x) + 1.0 / len(x) for x in s)
+        freq = _freq()
+        return max(100.0 * min(freq.get(ch, 0.0) for ch in x) + 1.0 / len(x) for x in s)
 
     per = tuple(min((s for s in sets if all(mask[w] & anchors for w in s)), key=selectivity)
                 for sets in pattern_sets[:n])
@@ -399,6 +439,30 @@ class Screen:
         return out
 
 
+def literal_database(words: list[bytes]) -> Any:
+    """A Hyperscan block-mode database of literal words (ids: their positions), from the disk cache
+    (diagnose.cache) when these words were compiled before by this hyperscan; compiled and stored
+    otherwise."""
+    import hyperscan  # compiled extension: only where a screen or an index is built
+
+    from ddtree_ops.diagnose import cache  # stdlib only: compiled databases kept on disk
+
+    name = f"literals-{cache.key(*words, getattr(hyperscan, '__version__', ''))}.hs"
+    stored = cache.read(name)
+    if stored is not None:
+        try:
+            db = hyperscan.loadb(stored, hyperscan.HS_MODE_BLOCK)
+            db.scratch = hyperscan.Scratch(db)  # a loaded database comes without one
+            return db
+        except Exception:  # noqa: BLE001 - not a database this hyperscan reads: compiled below
+            pass
+    db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
+    db.compile(expressions=words, ids=list(range(len(words))), elements=len(words), flags=[0] * len(words),
+               literal=True)
+    cache.write(name, bytes(hyperscan.dumpb(db)))
+    return db
+
+
 class HyperscanScreen:
     """The same screen in one pass of Intel's Hyperscan (the `hyperscan` package, where it is
     installed): every keyword at once, in SIMD C. Hits are exact keyword occurrences (offsets
@@ -410,10 +474,7 @@ class HyperscanScreen:
 
         self.keywords = keywords
         self.needles = tuple(n.encode("utf-8") for n in needles)
-        words = [k.encode("utf-8") for k in (*keywords, *needles)]
-        self._db = hyperscan.Database(mode=hyperscan.HS_MODE_BLOCK)
-        self._db.compile(expressions=words, ids=list(range(len(words))), elements=len(words),
-                         flags=[0] * len(words), literal=True)
+        self._db = literal_database([k.encode("utf-8") for k in (*keywords, *needles)])
         # a scan runs without the GIL on a scratch space of its own: one per thread (the fleet and
         # service gates read several hosts' journals at once with one catalogue)
         self._local = threading.local()
@@ -489,6 +550,53 @@ def build_python_screen(keywords: Iterable[str], anchors: Iterable[str], needles
 
 
 # ------------------------------------------------------------------ the keyword index
+
+
+class HyperscanKeywordIndex:
+    """The keyword index in one Hyperscan database (where it is installed): the same answers as
+    `KeywordIndex` (the rules whose keywords a line holds), from a database kept on disk instead of a
+    regex of every keyword compiled in each process (the largest part of `diagnose`'s start-up)."""
+
+    def __init__(self, rule_keywords: list[tuple[str, ...]]) -> None:
+        by_kw: dict[str, set[int]] = {}
+        for i, kws in enumerate(rule_keywords):
+            for k in kws:
+                by_kw.setdefault(k, set()).add(i)
+        self._words = sorted(by_kw)
+        self._rules = [tuple(sorted(by_kw[w])) for w in self._words]
+        self._db = literal_database([w.encode("utf-8") for w in self._words]) if self._words else None
+        self._local = threading.local()
+
+    def candidates(self, text: str) -> tuple[int, ...]:
+        db = self._db
+        if db is None:
+            return ()
+        found: list[int] = []
+        add = found.append
+
+        def on_match(wid: int, _from: int, _to: int, _flags: int, _ctx: object) -> None:
+            add(wid)
+
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = db.scratch.clone()
+        db.scan(text.encode("utf-8", "surrogateescape"), match_event_handler=on_match, scratch=scratch)
+        if not found:
+            return ()
+        rules = self._rules
+        if len(found) == 1:
+            return rules[found[0]]
+        got: set[int] = set()
+        for w in found:
+            got.update(rules[w])
+        return tuple(sorted(got))
+
+
+def keyword_index(rule_keywords: list[tuple[str, ...]], kind: str = "auto") -> KeywordIndex | HyperscanKeywordIndex:
+    """The keyword index: Hyperscan's where it is installed (and the screen is), the regex otherwise."""
+    if kind == "hyperscan" or (kind == "auto" and hyperscan_available()):
+        return HyperscanKeywordIndex(rule_keywords)
+    return KeywordIndex(rule_keywords)
 
 
 class KeywordIndex:

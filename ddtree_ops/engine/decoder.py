@@ -21,7 +21,6 @@ import torch
 from ddtree_ops.engine.drafters import Drafter
 from ddtree_ops.engine.shadow import RoundRecord, ShadowLedger, spine_lower_bound
 from ddtree_ops.engine.tree import (
-    SPINE,
     Tree,
     budget_topk,
     build_chain,
@@ -68,9 +67,9 @@ class Decoder:
                  sampling: SamplingParams | None = None, sampler: Sampler | None = None,
                  builder: str = "heap", shadow_share: float = 1.0, shadow_seed: int = 0,
                  eos_token_id: int | None = None, hidden_layers: tuple[int, ...] = (),
-                 spine: bool = SPINE) -> None:
+                 spine: bool | None = None) -> None:
         self.model, self.drafter, self.budget = model, drafter, int(budget)
-        self.spine = spine            # the spine tree (default) or the plain best-first one
+        self.spine = spine            # the spine tree, the plain one, or None: the default for B and L
         self.sampling = sampling or SamplingParams()
         self.sampling.validate()
         self.sampler = sampler

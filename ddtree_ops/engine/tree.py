@@ -5,10 +5,10 @@ The drafter gives one distribution per future position (depth 1..L). A path's su
 the sum of its per-depth log-probs. The plain best-first tree (`spine=False`) is the B
 highest-scoring prefixes, which is prefix-closed because log-probs are <= 0; it need not hold the
 chain, and a good draft's long chain can beat it. The spine tree (`spine=True`, the default,
-`tree_shape.SPINE`) holds the chain to depth min(B, L) and spends the rest of the budget
-best-first, so under greedy decoding it accepts at least what the chain accepts on every round
-(B >= L; below that it is the chain cut at depth B). Every build returns the same tree, node for
-node, in either shape:
+`tree_shape.SPINE`, for B >= L) holds the chain to depth min(B, L) and spends the rest of the
+budget best-first, so under greedy decoding it accepts at least what the chain accepts on every
+round (B >= L; below that it is the chain cut at depth B, and the default there is the plain tree,
+`tree_shape.spine_for`). Every build returns the same tree, node for node, in either shape:
 
 - `build_tree_heap`: best-first heap on the host, in the reference's style (one device-to-host
   copy of the L x K top-k table, then B pops).
@@ -51,12 +51,13 @@ from ddtree_ops.engine.tree_shape import (
     SPINE,
     SPINE_BONUS,
     budget_topk,
+    spine_for,
     staircase_pairs,
 )
 
 __all__ = ["SCORE_BITS", "LP_FLOOR", "MAX_DEPTH", "MAX_BUDGET", "SPINE", "SPINE_BONUS", "INVALID", "DraftTopK", "Tree",
            "TreeBuilder",
-           "budget_topk", "staircase_pairs", "quantize_logprobs", "log_probs", "order_keys", "topk_of_logprobs",
+           "budget_topk", "spine_for", "staircase_pairs", "quantize_logprobs", "log_probs", "order_keys", "topk_of_logprobs",
            "topk_logprobs", "draft_topk", "ancestor_matrix", "build_tree_heap", "select_tree", "fused_available",
            "build_tree_vectorized", "draft_topk_fused", "build_tree_fused", "build_chain"]
 
@@ -160,6 +161,15 @@ class Tree:
                 kids[p][t] = i
         return kids
 
+    def paths(self) -> list[tuple[int, ...]]:
+        """Per node, the drafted tokens from the root's child down to it (the root: none): the
+        context a target sees after the root at that node."""
+        toks, parents = self.tokens.tolist(), self.parents.tolist()
+        out: list[tuple[int, ...]] = [()]
+        for i in range(1, self.size):            # parents come first
+            out.append(out[parents[i]] + (toks[i],))
+        return out
+
     def visibility(self) -> torch.Tensor:
         return ancestor_matrix(self.parents, int(self.depths.max()))
 
@@ -200,12 +210,13 @@ def ancestor_matrix(parents: torch.Tensor, max_depth: int | None = None) -> torc
 # the host heap (reference style)
 
 
-def build_tree_heap(top: DraftTopK, budget: int, root_token: int, spine: bool = SPINE) -> Tree:
+def build_tree_heap(top: DraftTopK, budget: int, root_token: int, spine: bool | None = None) -> Tree:
     """Best-first heap over prefixes; includes the device-to-host copy of the top-k table.
     `spine`: the chain first (its keys carry `SPINE_BONUS`; a rank > 0 child of a spine node
-    drops it), then best-first."""
+    drops it), then best-first; None: the default for this budget and depth (`spine_for`)."""
     if budget > MAX_BUDGET:
         raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
+    spine = spine_for(budget, top.depth, spine)
     tok = top.tokens.tolist()
     sc = top.scores.tolist()
     depth, k = top.depth, top.k
@@ -259,7 +270,7 @@ def _top(keys: torch.Tensor, width: int, how: str) -> tuple[torch.Tensor, torch.
 
 
 def select_tree(scores: torch.Tensor, tokens: torch.Tensor, budget: int, how: str = "topk",
-                spine: bool = SPINE) -> tuple[torch.Tensor, ...]:
+                spine: bool | None = None) -> tuple[torch.Tensor, ...]:
     """The budget's nodes as padded device tensors: (tokens, parents, depths, ranks, valid), each [B].
 
     Node i of the result is tree node i + 1 (the root is not included). Invalid slots (fewer
@@ -267,6 +278,7 @@ def select_tree(scores: torch.Tensor, tokens: torch.Tensor, budget: int, how: st
     """
     depth, k = int(scores.shape[0]), int(scores.shape[1])
     device = scores.device
+    spine = spine_for(budget, depth, spine)
     pi, pr, low, leave = _pair_table(budget, k, str(device), spine)
     width = min(budget, int(pi.shape[0]))
     # the root's empty prefix (score 0, plus the bonus when it heads the spine) then empty
@@ -331,13 +343,14 @@ def _tree_from_nodes(nodes: dict[str, torch.Tensor]) -> Tree:
 
 
 def build_tree_vectorized(top: DraftTopK, budget: int, root_token: int, fused: bool | None = None,
-                          spine: bool = SPINE) -> Tree:
+                          spine: bool | None = None) -> Tree:
     """The same tree as `build_tree_heap`, built on the tensors' device; one sync to trim.
 
     `fused=None` takes the Triton selection kernel where it runs (CUDA), PyTorch ops elsewhere."""
     if budget > MAX_BUDGET:
         raise ValueError(f"budget {budget} exceeds the supported maximum {MAX_BUDGET}")
     device = top.tokens.device
+    spine = spine_for(budget, top.depth, spine)
     root = lambda v: torch.tensor([v], dtype=torch.int64, device=device)  # noqa: E731
     if budget <= 0 or top.depth == 0 or top.k == 0:
         return Tree(root(root_token), root(-1), root(0), root(0))
@@ -361,7 +374,7 @@ def draft_topk_fused(draft_logits: torch.Tensor, k: int) -> DraftTopK:
     return DraftTopK(tokens=tokens, scores=scores)
 
 
-def build_tree_fused(draft_logits: torch.Tensor, budget: int, root_token: int, spine: bool = SPINE) -> Tree:
+def build_tree_fused(draft_logits: torch.Tensor, budget: int, root_token: int, spine: bool | None = None) -> Tree:
     """Draft logits [L, V] to the tree with the Triton kernels (CUDA); same tree as
     `build_tree_heap(draft_topk(draft_logits, K), budget, root_token, spine)`. One sync, to trim."""
     if budget > MAX_BUDGET:
@@ -386,16 +399,17 @@ class TreeBuilder:
     selection's top-B by `torch.topk` or `torch.sort`), or "auto": fused where it runs (CUDA
     with Triton), else "topk". Every variant gives the same outputs; invalid slots (fewer than
     B prefixes exist, tiny vocabularies only) are flagged by `valid` and differ in content.
-    `spine`: the spine tree (default) or the plain best-first one.
+    `spine`: the spine tree or the plain best-first one; None: the default for B and L (`spine_for`).
     """
 
     def __init__(self, depth: int, vocab: int, budget: int, device: torch.device | str,
-                 logits_dtype: torch.dtype = torch.bfloat16, how: str = "auto", spine: bool = SPINE) -> None:
+                 logits_dtype: torch.dtype = torch.bfloat16, how: str = "auto", spine: bool | None = None) -> None:
         if how not in ("auto", "fused", "topk", "sort"):
             raise ValueError(f"how must be auto, fused, topk or sort, got {how!r}")
         if how == "auto":
             how = "fused" if torch.device(device).type == "cuda" and fused_available(device) else "topk"
-        self.depth, self.vocab, self.budget, self.how, self.spine = depth, vocab, budget, how, spine
+        self.depth, self.vocab, self.budget, self.how = depth, vocab, budget, how
+        self.spine = spine_for(budget, depth, spine)
         self.k = budget_topk(budget, vocab)
         self.device = torch.device(device)
         self.logits = torch.zeros((depth, vocab), dtype=logits_dtype, device=self.device)

@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ddtree_ops.engine.tree_shape import SPINE, SPINE_BONUS, staircase_pairs
+from ddtree_ops.engine.tree_shape import SPINE_BONUS, spine_for, staircase_pairs
 
 _MINK = tl.constexpr(-(2 ** 63))     # below every key: padding
 _MAXK = tl.constexpr(2 ** 63 - 1)
@@ -445,8 +445,7 @@ def topk_rows(x: torch.Tensor, k: int, counters: torch.Tensor | None = None,
 
 
 @functools.lru_cache(maxsize=64)
-def pair_tables(budget: int, k: int, device: str,
-                spine: bool = SPINE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def pair_tables(budget: int, k: int, device: str, spine: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`tree_shape.staircase_pairs` as int32 tables; PLEN[n] is the number of pairs with i < n
     (n = 0..BP)."""
     pi, pr = staircase_pairs(budget, k, spine)
@@ -461,14 +460,15 @@ def pair_tables(budget: int, k: int, device: str,
 
 def select_nodes(scores: torch.Tensor, tokens: torch.Tensor, budget: int, root: torch.Tensor,
                  vis: torch.Tensor | None = None, num_warps: int | None = None,
-                 spine: bool = SPINE) -> dict[str, torch.Tensor]:
+                 spine: bool | None = None) -> dict[str, torch.Tensor]:
     """Tree nodes 0..B (0 = root) from the [L, K] top-k table: tokens, parents, depths, ranks,
     valid; invalid slots (fewer than B prefixes exist) come last with parent -1 and see only
     themselves. `vis`: a zeroed int8 buffer (`vis_bytes(B)`, cleared by `topk_rows(clear=)`)
     that receives the ancestor-only mask, returned as "visibility", bool [B + 1, B + 1].
-    `spine`: the spine tree (default) or the plain best-first one."""
+    `spine`: the spine tree or the plain best-first one; None: the default (`tree_shape.spine_for`)."""
     depth, k = int(scores.shape[0]), int(scores.shape[1])
     dev = scores.device
+    spine = spine_for(budget, depth, spine)
     bp = max(2, next_pow2(budget))
     pi, pr, plen = pair_tables(budget, k, str(dev), spine)
     scores = scores.contiguous()

@@ -22,7 +22,18 @@ LP_FLOOR = -1000.0              # zero-probability tokens get a finite score so 
 MAX_DEPTH = 32                  # |score| <= 32 * 1000 * 2**24 < 2**39
 MAX_BUDGET = 2048               # parent position * K + rank < 2**22 (the tie-break bits)
 SPINE_BONUS = 1 << 39           # > every |path score|: see the module's note
-SPINE = True                    # the default build: the spine tree (docs/engine.md says why)
+SPINE = True                    # the default where the budget holds the chain (spine_for; docs/engine.md says why)
+
+
+def spine_for(budget: int, depth: int, spine: bool | None = None) -> bool:
+    """The shape a build makes: `spine` when the caller names one; else the spine tree when the
+    budget holds the whole chain (B >= L, the default, SPINE), and the plain best-first tree below
+    that. Below the horizon no tree of B nodes can hold the chain, and the spine tree is the chain
+    cut at depth B, which on the CPU-trained pair accepted fewer tokens than both the chain and the
+    plain tree (bench/results/spine_vs_plain.json, B = 8, L = 15)."""
+    if spine is not None:
+        return bool(spine)
+    return SPINE and int(budget) >= int(depth)
 
 
 def budget_topk(budget: int, vocab: int) -> int:

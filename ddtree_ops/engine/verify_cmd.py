@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddtree_ops.engine.tree_shape import spine_for
 from ddtree_ops.errors import UsageError
 
 # Prompts that a small instruct model answers with some structure: lists, code, repetition.
@@ -198,7 +199,21 @@ def run_verify(model_name: str = "smollm2", prompts: int = 4, max_new_tokens: in
         seconds=round(time.perf_counter() - t_start, 2), draft=draft, device=device,
         notes=[f"float32 on {device}; {drafter_note}",
                "prompts: " + ("the pair's prompts.json" if pair_ids is not None else "built-in"),
-               "tau = tokens per verify round, bonus included"])
+               "tau = tokens per verify round, bonus included",
+               tree_note(budget, horizon)])
+
+
+def tree_note(budget: int, horizon: int, spine: bool | None = None) -> str:
+    """Which tree the decoder built (`Decoder(spine=None)`: the default for B and L)."""
+    if spine_for(budget, horizon, spine):
+        note = "tree: the spine tree (the draft's top-1 chain to the horizon, then best-first)"
+        if budget < horizon:
+            note += f"; budget {budget} is below the horizon {horizon}, so it is the chain cut at depth {budget}"
+        return note
+    if spine is None:
+        return (f"tree: plain best-first (the B best prefixes): budget {budget} is below the horizon {horizon}, "
+                "so no tree holds the whole chain")
+    return "tree: plain best-first (the B best prefixes)"
 
 
 def _ids(tok: Any, prompt: Any) -> list[int]:

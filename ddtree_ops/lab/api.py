@@ -19,7 +19,7 @@ from ddtree_ops.lab._sys import LabError
 from ddtree_ops.lab.hosts import HOSTS, MAX_HOSTS, address_of, inventory_text, lab_hosts
 from ddtree_ops.lab.machine import HostState, LabState
 from ddtree_ops.lab.paths import Paths
-from ddtree_ops.lab.seed import seed_nextn
+from ddtree_ops.lab.seed import seed_nextn, unseed
 from ddtree_ops.ssh import connect as ssh_connect
 
 ENV_VAR = "DDTREE_OPS_SSH_CONFIG"
@@ -373,6 +373,7 @@ class Lab:
                               clear(host) removes all
     load(host, plan)          traffic for the host's service (a transient unit in the host); stop_load(host)
     restore(host)             clear faults and reinstall + restart the NEXTN service, healthy
+    unseed(host)              remove the NEXTN service: a fresh host with SGLang and models but no unit
     exec(host, argv)          machine-level command inside the host (test setup only, not the tool's path)
     env                       {"DDTREE_OPS_SSH_CONFIG": ..., "DDTREE_OPS_INVENTORY": ...} for a subprocess
     """
@@ -425,6 +426,10 @@ class Lab:
             conn.run(["systemctl", "reset-failed", profile.service.unit], timeout=30)
             conn.run(["systemctl", "stop", profile.service.unit], timeout=60)
             seed_nextn(conn, profile)
+
+    def unseed(self, host: str) -> None:
+        with self.connect(host) as conn:
+            unseed(conn, _profiles([host], self.paths)[host])
 
     def exec(self, host: str, argv: Sequence[str], *, timeout: float = 60.0, input: bytes | None = None) -> Any:
         return exec_in(host, argv, self.paths, timeout=timeout, input=input)

@@ -52,3 +52,16 @@ def wait_healthy(host: Host, profile: Any, *, timeout: float) -> None:
             last = f"unit {state}"
         time.sleep(0.3)
     raise LabError(f"{host.name}: the NEXTN service was not healthy after {timeout:g}s ({last})")
+
+
+def unseed(host: Host, profile: Any) -> None:
+    """A fresh host: the service stopped, disabled and its unit and environment files gone, as on a
+    machine where nobody set SGLang up as a service yet (its venv and models stay)."""
+    r = render(profile, "nextn")
+    unit = r.unit_name
+    host.run(["systemctl", "disable", "--now", unit], timeout=120)
+    host.run(["rm", "-f", "--", r.unit_path, r.env_path]).check("removing the seeded unit")
+    host.run(["systemctl", "daemon-reload"], timeout=60).check("daemon-reload")
+    host.run(["systemctl", "reset-failed", unit], timeout=30)
+    if host.run(["systemctl", "cat", unit], timeout=30).rc == 0:
+        raise LabError(f"{host.name}: {unit} is still known to systemd after removing its file")

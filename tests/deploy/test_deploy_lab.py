@@ -1,7 +1,8 @@
 """deploy / rollback against the lab hosts: real sshd, real systemd as PID 1, real journald.
 
 Every scenario ends with a known-good unit serving; each test leaves the host on its NEXTN
-known-good release with no fault set, so the order of tests does not matter.
+rollback target with no fault set, so the order of tests does not matter. The fixture returns a
+host to that state with `rollback HOST`, which does nothing when the host is already there.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from labkit import run
+from labkit import back_to_baseline, run
 
 from ddtree_ops.deploy import deploy
 from ddtree_ops.host import HostKeyError, HostUnreachable, SudoPasswordRequired
 from ddtree_ops.observe import unit_state
 from ddtree_ops.profile import load_profile
-from ddtree_ops.releases import Layout, read_pending, read_text
+from ddtree_ops.releases import Layout, read_state
 from ddtree_ops.ssh import connect
 from ddtree_ops.status import DeployExit
 
@@ -44,29 +45,27 @@ def layout_of(p: Any) -> Layout:
 
 
 def assert_known_good_serving(lab: Any, host: str) -> None:
+    """NEXTN serves healthy with nothing pending, and, once anything passed there, it is the
+    rollback target that is installed."""
     p = prof(host)
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
         u = unit_state(h, p.service.unit)
         assert u.running, u.describe()
         assert h.http("GET", p.service.port, "/health_generate", timeout=10).status == 200
-        kg = read_text(h, layout_of(p).known_good)
-        cur = read_text(h, layout_of(p).current)
-        assert kg and kg == cur, (kg, cur)
-        assert read_pending(h, layout_of(p)) is None
+        state = read_state(h, layout_of(p))
+        target = state.target(p)
+        assert target is None or state.current == target.release_id, (state.current, target)
+        assert state.pending is None
         info = h.http("GET", p.service.port, "/server_info", timeout=10).json()
         assert info["speculative_algorithm"] in ("NEXTN", "EAGLE"), info["speculative_algorithm"]
 
 
 @pytest.fixture
 def ct129(lab: Any) -> Any:
-    """ct129 on its NEXTN known-good release before and after the test, whatever the test did."""
-    lab.clear("ct129")
-    res = cli(lab, "deploy", "ct129", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
-    assert res.returncode == 0, res.stderr[-3000:]
+    """ct129 on its NEXTN rollback target before and after the test, whatever the test did."""
+    back_to_baseline(lab, "ct129")
     yield "ct129"
-    lab.clear("ct129")
-    res = cli(lab, "deploy", "ct129", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
-    assert res.returncode == 0, res.stderr[-3000:]
+    back_to_baseline(lab, "ct129")
     assert_known_good_serving(lab, "ct129")
 
 
@@ -79,14 +78,17 @@ def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
         assert out.exit_code == DeployExit.OK, out.reason
         assert out.gate is not None and out.gate.passed and out.gate.state.smoke.accept_len > 1
         pid = unit_state(h, p.service.unit).main_pid
-        assert read_text(h, layout_of(p).known_good) == out.release_id
+        state = read_state(h, layout_of(p))
+        # it passed and is recorded so; the rollback target stays the NEXTN release that passed
+        assert out.release_id in state.passed and state.current == out.release_id
+        assert state.target(p) is not None and state.target(p).mode == "nextn"
         again = deploy(h, p, "ddtree-shadow", assume_yes=True)
         assert again.result == "no-change" and again.exit_code == 0
         assert unit_state(h, p.service.unit).main_pid == pid  # not restarted
         info = h.http("GET", p.service.port, "/server_info").json()
         assert info["speculative_algorithm"] == "DDTREE"
-    # back to the NEXTN baseline the way an operator would: deploy it
-    res = cli(lab, "deploy", "ct200", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
+    # back to the NEXTN baseline the way an operator would: roll back to it
+    res = cli(lab, "rollback", "ct200", "--yes")
     assert res.returncode == 0, res.stderr[-2000:]
     assert_known_good_serving(lab, "ct200")
 
@@ -102,7 +104,7 @@ def test_story_attempt_1_refused_by_preflight_and_nothing_changes(lab: Any, ct12
         assert mem.status == "fail" and "524,288" in mem.detail and "memory.context_length=" in mem.detail
         assert h.get(f"/etc/systemd/system/{p.service.unit}") == before
         assert unit_state(h, p.service.unit).main_pid == pid
-        assert read_pending(h, layout_of(p)) is None
+        assert read_state(h, layout_of(p)).pending is None
 
 
 def test_crash_at_start_fails_fast_names_the_cause_and_rolls_back(lab: Any, ct129: str) -> None:
@@ -174,10 +176,10 @@ def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: A
     proc.wait()
     p = prof(ct129)
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
-        pending = read_pending(h, layout_of(p))
+        pending = read_state(h, layout_of(p)).pending
         assert pending and pending["action"] == "deploy"
     lab.clear(ct129)
-    res = cli(lab, "rollback")  # no HOST: acts on the host whose deploy did not finish
+    res = cli(lab, "rollback", "--yes")  # no HOST: acts on the host whose deploy did not finish
     assert res.returncode == 0, res.stderr[-3000:]
     assert "ct129" in res.stderr and "did not finish" in res.stderr
 
@@ -212,7 +214,7 @@ def test_ssh_drop_mid_install_reconnects_and_rolls_back(lab: Any, ct129: str) ->
     assert out.exit_code == DeployExit.ROLLED_BACK, out.reason
     assert "connection dropped while installing" in out.reason
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
-        assert read_pending(h, layout_of(p)) is None
+        assert read_state(h, layout_of(p)).pending is None
         assert b"mode=nextn" in h.get(unit_path)  # the known-good unit is back in place
         assert unit_state(h, p.service.unit).main_pid != pid  # the rollback restarted the known-good unit
     assert_known_good_serving(lab, ct129)

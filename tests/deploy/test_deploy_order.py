@@ -16,6 +16,7 @@ from ddtree_ops import deploy as dep
 from ddtree_ops import gate as gating
 from ddtree_ops.observe import UnitState
 from ddtree_ops.preflight import Preflight
+from ddtree_ops.attempts import Attempt
 from ddtree_ops.releases import State
 
 INSTALLED_UNIT = "# ddtree-ops release=nextn-old\n[Service]\nExecStart=/bin/true\n"
@@ -59,7 +60,11 @@ def fakes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(dep, "run_preflight", preflight)
     monkeypatch.setattr(dep.lock, "held", held)
-    monkeypatch.setattr(dep.releases, "read_state", lambda *a: State("nextn-old", "nextn-old", None))
+    # the host runs nextn-old, which passed its gate: the rollback target
+    state = State("nextn-old", None, [Attempt("a0", "deploy", "nextn-old", "nextn", "t", "2026-12-01T00:00:00Z",
+                                              outcome="passed")], {"nextn-old": {"release_id": "nextn-old",
+                                                                                 "mode": "nextn"}})
+    monkeypatch.setattr(dep.releases, "read_state", lambda *a: state)
     monkeypatch.setattr(dep.releases, "apply", lambda *a, **k: steps.append("record"))
     monkeypatch.setattr(dep.releases, "prune", lambda *a, **k: None)
     monkeypatch.setattr(dep, "install", install)
@@ -96,11 +101,13 @@ def test_yes_prints_preflight_and_plan_before_the_restart_and_the_gate(
     rc, out, err = _deploy(capsys, "--yes")
     assert rc == 0 and out == ""
     assert fakes == ["lock", "preflight", "restart", "gate", "record"]
-    at = _order(err, "preflight for nextn-", "ok   gpu", "changes:", "+++ /etc/systemd/system/",
+    at = _order(err, "ct129: would change: deploy nextn-", "on failure: roll back to nextn-old (nextn)",
+                "preflight for nextn-", "ok   gpu", "launch line:", "- /bin/true", "files:",
+                "+++ /etc/systemd/system/",
                 "installed nextn-", "[nextn]   0.5s of 900s: waiting for /health_generate",
                 "[nextn]  12.0s of 900s: waiting for the service to stay healthy", "OK ct129 nextn")
     assert at == sorted(at), err
-    assert err.count("preflight for") == 1 and err.count("changes:") == 1   # printed once, not again at the end
+    assert err.count("preflight for") == 1 and err.count("launch line:") == 1   # printed once, not again at the end
 
 
 def test_the_plan_comes_before_the_question(fakes: list[str], capsys: pytest.CaptureFixture[str],
@@ -117,7 +124,8 @@ def test_the_plan_comes_before_the_question(fakes: list[str], capsys: pytest.Cap
     monkeypatch.setattr(common, "confirm", confirm)
     rc, _, err = _deploy(capsys)
     assert rc == 3 and fakes == ["lock", "preflight"]                     # nothing changed
-    assert "preflight for" in seen[0] and "changes:" in seen[0] and "+++ " in seen[0]
+    assert "would change" in seen[0] and "preflight for" in seen[0] and "launch line:" in seen[0]
+    assert "+++ " in seen[0]
     assert "not confirmed; nothing changed" in err
 
 
@@ -132,7 +140,7 @@ def test_a_refused_preflight_shows_the_table_and_no_diff(fakes: list[str], capsy
     rc, _, err = _deploy(capsys, "--yes")
     assert rc == 3 and "restart" not in fakes
     assert "FAIL memory        KV pool needs 52 GiB, the card has 48 [fits: no]" in err   # printed as typed
-    assert "changes:" not in err and err.count("preflight for") == 1
+    assert "launch line:" not in err and "+++ " not in err and err.count("preflight for") == 1
 
 
 def test_json_keeps_stdout_one_document(fakes: list[str], capsys: pytest.CaptureFixture[str]) -> None:
@@ -161,11 +169,11 @@ def test_journal_text_in_the_verdict_and_rollback_prints_as_typed(
     monkeypatch.setattr(dep, "explain_failure", lambda r: ({"root_cause": {
         "label": "cuda_library_missing", "line": 7, "evidence": "OSError: [/usr/lib] [rank0] libcuda.so.1",
         "remedy": "reinstall the driver [/x]"}}, []))
-    monkeypatch.setattr(dep, "_known_good_release", lambda *a: StoredRelease(
+    monkeypatch.setattr(dep.releases, "load_release", lambda *a: StoredRelease(
         "nextn-old", INSTALLED_UNIT, "", {"mode": "nextn"}))
     rc, _, err = _deploy(capsys, "--yes")
     assert rc == 1 and fakes.count("restart") == 2 and "Traceback" not in err
     assert "rolling back to nextn-old (nextn): gate failed: fatal log line: OSError: [/usr/lib] [rank0]" in err
     assert "root cause: cuda_library_missing (line 7): OSError: [/usr/lib] [rank0] libcuda.so.1" in err
     assert "remedy: reinstall the driver [/x]" in err
-    assert err.index("changes:") < err.index("rolling back") < err.index("ROLLED-BACK ct129 nextn")
+    assert err.index("launch line:") < err.index("rolling back") < err.index("ROLLED-BACK ct129 nextn")

@@ -59,6 +59,33 @@ def label_of(path: Path) -> str:
     return m.group(1)
 
 
+INCONCLUSIVE_MARK = "VERDICT INCONCLUSIVE"  # in an INDEX row: the excerpt shows no sign of serving (issue 31)
+
+
+def index_inconclusive() -> set[str]:
+    """Healthy and benign logs whose INDEX row says the excerpt shows no sign that a server served
+    (no ready line, batch or served request: a start-up fragment): a person's reading, so their
+    verdict is inconclusive, not healthy."""
+    index = CORPUS / "INDEX.md"
+    if not index.exists():
+        return set()
+    out = set()
+    for line in index.read_text("utf-8").splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 5 and cells[2].startswith("`") and cells[2].endswith(".log`") and INCONCLUSIVE_MARK in line:
+            out.add(cells[2].strip("`"))
+    return out
+
+
+# Healthy logs that a person reads as serving, from an engine whose serving lines diagnose does not
+# read (it reads SGLang's batch reports, uvicorn's access lines and the ready milestones): the
+# verdict is inconclusive, the safe miss, never healthy from lines it does not know.
+SERVING_NOT_READ = {
+    "713-healthy.log": "xinfer's 'Decoding: 1 active request(s)' and DFlash stats",
+    "830-healthy.log": "xinfer's per-sequence performance metrics ('Decoded: 1348 tokens')",
+}
+
+
 def index_evidence() -> dict[str, str]:
     """file name -> the root-cause evidence substring INDEX.md gives for it."""
     out: dict[str, str] = {}
@@ -75,7 +102,17 @@ def index_evidence() -> dict[str, str]:
 
 
 def raw_lines(path: Path) -> list[bytes]:
-    return path.read_bytes().split(b"\n")[:-1] if path.read_bytes().endswith(b"\n") else path.read_bytes().split(b"\n")
+    """The log's lines. A made-up fixture's header (its leading `# ` lines: what it was built from and
+    what it expects) is blanked, not dropped: line numbers stay the file's, and no header line (an
+    `# evidence:` that quotes the cause) can be what a rule claims."""
+    data = path.read_bytes()
+    lines = data.split(b"\n")[:-1] if data.endswith(b"\n") else data.split(b"\n")
+    if path.name.startswith("synthetic-"):
+        n = 0
+        while n < len(lines) and lines[n].startswith(b"# "):
+            n += 1
+        lines = [b""] * n + lines[n:]
+    return lines
 
 
 def as_journald(lines: list[bytes], unit: str = "sglang-ddtree", pid: int = 41231) -> list[bytes]:
@@ -115,9 +152,12 @@ class Expect:
     harmless_text: str | None = None  # a line holding this is reported harmless
 
 
-def verdict_for(label: str) -> str:
-    """The verdict a log of this label must get, whatever its root cause."""
-    return "healthy" if label in QUIET else "degraded" if label in WARNING_ONLY else "failed"
+def verdict_for(label: str, name: str = "") -> str:
+    """The verdict a log of this label must get, whatever its root cause: a healthy or benign
+    excerpt that shows no sign of serving (its INDEX row says so) is inconclusive."""
+    if label in QUIET:
+        return "inconclusive" if name in index_inconclusive() else "healthy"
+    return "degraded" if label in WARNING_ONLY else "failed"
 
 
 def expected(path: Path) -> Expect:
@@ -125,7 +165,7 @@ def expected(path: Path) -> Expect:
     fixture, its header comments: `# expect: degraded LABEL`, `# harmless: LINE ...`,
     `# warns: LABEL@LINE ...`."""
     label = label_of(path)
-    verdict = verdict_for(label)
+    verdict = verdict_for(label, path.name)
     exp = Expect(verdict, label if verdict == "failed" else None, (label,) if verdict == "degraded" else ())
     if not path.name.startswith("synthetic-"):
         ev = index_evidence().get(path.name)
@@ -140,6 +180,8 @@ def expected(path: Path) -> Expect:
         words = rest.split()
         if key == "expect" and words and words[0] == "degraded":
             exp = Expect("degraded", None, tuple(words[1:]), exp.harmless, exp.warns_at)
+        elif key == "expect" and words and words[0] == "inconclusive":
+            exp = Expect("inconclusive", None, (), exp.harmless, exp.warns_at)
         elif key == "harmless":
             exp = Expect(exp.verdict, exp.label, exp.warnings, tuple(int(w) for w in words), exp.warns_at)
         elif key == "warns":
@@ -193,3 +235,38 @@ def misses(report: object, exp: Expect, lines: list[bytes] | None = None) -> lis
 def _given(lines: list[bytes] | None, n: int) -> str:
     """Input line n (1-based) as given, with its record prefixes (what the index quotes)."""
     return lines[n - 1].decode("utf-8", "replace") if lines and 0 < n <= len(lines) else ""
+
+
+def message_lines(lines: list[bytes]) -> dict[int, int]:
+    """Input line (1-based) -> the first line of the multi-line message it belongs to: an exception
+    line and the message lines CPython prints under it, inside one traceback. Lines outside such a
+    message are absent (each is a message of its own)."""
+    from ddtree_ops.diagnose import journal
+
+    tb = journal.TracebackTracker()
+    out: dict[int, int] = {}
+    head = 0
+    for i, raw in enumerate(lines, 1):
+        text, record = journal.clean_line(raw.decode("utf-8", "replace"))
+        group, kind = tb.step(text, record, i)
+        if group is not None and kind == "exc":
+            head = i
+            out[i] = i
+        elif group is not None and kind == "msg" and head:
+            out[i] = head
+        else:
+            head = 0
+    return out
+
+
+def cites_evidence_line(report: object, evidence: str, lines: list[bytes]) -> bool:
+    """Whether the root cause's line is the line a person points at: the input line that holds the
+    INDEX's evidence substring, or a line of the same multi-line message (issue 31's figure)."""
+    rc = report.root_cause  # type: ignore[attr-defined]
+    if rc is None or not 0 < rc.line <= len(lines):
+        return False
+    where = [i for i, ln in enumerate(lines, 1) if evidence in ln.decode("utf-8", "replace")]
+    if rc.line in where:
+        return True
+    block = message_lines(lines)
+    return rc.line in block and any(block.get(i) == block[rc.line] for i in where)

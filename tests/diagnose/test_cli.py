@@ -34,11 +34,57 @@ def test_healthy_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert rc == 0 and "HEALTHY" in err
 
 
-def test_warnings_only_exit_1(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+DECODE = ("[2026-01-10 09:00:19 TP0] Decode batch, #running-req: 4, #token: 9000, token usage: 0.98, "
+          "cuda graph: True, gen throughput (token/s): 310.2, #queue-req: 12, \n")
+RETRACT = "[2026-01-10 09:00:20 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1\n"
+
+
+def test_serving_with_warnings_exits_1(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
     log = tmp_path / "w.log"
-    log.write_text("[2026-01-10 09:00:20 TP0] KV cache pool is full. Retract requests. #retracted_reqs: 1\n")
+    log.write_text(DECODE + RETRACT)
     rc, _, err = run(["diagnose", "--log", str(log)], capsys)
     assert rc == 1 and "DEGRADED" in err
+
+
+@pytest.mark.parametrize("text", [RETRACT, "hello\n",
+                                  # a library's failure printed at warning level, after no sign of a
+                                  # server that started (issue 31's two failures called healthy)
+                                  "NCCL WARN NET/Socket : peer 10.0.0.2<51234> closed the connection\n"])
+def test_no_failure_and_no_sign_of_serving_is_inconclusive_exit_3(text: str, tmp_path,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "i.log"
+    log.write_text(text)
+    rc, out, err = run(["diagnose", "--log", str(log)], capsys)
+    assert rc == 3 and out == "" and "INCONCLUSIVE" in err and "HEALTHY" not in err
+    assert "no sign that this start served" in err  # what it did not find
+    rc, out, _ = run(["diagnose", "--log", str(log), "--json"], capsys)
+    doc = json.loads(out)
+    assert (rc, doc["verdict"], doc["exit_code"], doc["root_cause"], doc["serving"]) == (3, "inconclusive", 3, None, None)
+    assert "1 line(s)" in doc["inconclusive"]
+
+
+@pytest.mark.parametrize("evidence, what", [
+    (DECODE, "decode batch"),
+    ('[2026-01-10 09:00:21] INFO:     127.0.0.1:38000 - "POST /v1/chat/completions HTTP/1.1" 200 OK\n', "served request"),
+    ("[2026-01-10 09:00:21] The server is fired up and ready to roll!\n", "ready"),
+])
+def test_healthy_needs_evidence_of_serving_and_says_which(evidence: str, what: str, tmp_path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "h.log"
+    log.write_text("[2026-01-10 09:00:18 TP0] Load weight end. type=Qwen3ForCausalLM, mem usage=15.36 GB.\n" + evidence)
+    rc, out, _ = run(["diagnose", "--log", str(log), "--json"], capsys)
+    doc = json.loads(out)
+    assert (rc, doc["verdict"], doc["serving"]) == (0, "healthy", {"line": 2, "evidence": what})
+
+
+def test_a_later_start_that_never_served_is_not_healthy(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Evidence counts for the last start in the log: a new server_args line after it opens a start
+    that has shown nothing yet."""
+    log = tmp_path / "two.log"
+    log.write_text(DECODE + "[2026-01-10 09:05:00] server_args=ServerArgs(model_path='/models/Qwen3-8B', tp_size=1)\n"
+                   "[2026-01-10 09:05:02 TP0] Load weight begin. avail mem=47.10 GB\n")
+    rc, out, _ = run(["diagnose", "--log", str(log), "--json"], capsys)
+    assert (rc, json.loads(out)["verdict"]) == (3, "inconclusive")
 
 
 def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
@@ -46,6 +92,7 @@ def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
     doc = json.loads(out)
     assert rc == 2
     assert doc["schema_version"] == 1 and doc["verdict"] == "failed"
+    assert doc["command"] == "diagnose" and doc["exit_code"] == rc == 2
     rcause = doc["root_cause"]
     assert {"label", "line", "evidence", "remedy"} <= rcause.keys()
     assert rcause["label"] == "cuda_oom" and rcause["line"] == 1 and rcause["direction"] == "lower"
@@ -53,9 +100,9 @@ def test_json_contract(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_json_healthy_has_null_root_cause(capsys: pytest.CaptureFixture[str]) -> None:
-    rc, out, _ = run(["diagnose", "--log", str(CORPUS / "010-benign_warning.log"), "--json"], capsys)
+    rc, out, _ = run(["diagnose", "--log", str(CORPUS / "032-benign_warning.log"), "--json"], capsys)
     doc = json.loads(out)
-    assert rc == 0 and doc["root_cause"] is None and doc["verdict"] == "healthy"
+    assert rc == 0 and doc["root_cause"] is None and doc["verdict"] == "healthy" and doc["exit_code"] == 0
 
 
 def test_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -128,3 +175,22 @@ def test_unclassified_crash_shows_exception_frames_and_signature(tmp_path, capsy
     assert any(f.startswith("sglang/srt/layers/sampler.py:121") for f in frames)
     # numbers and addresses out, the engine's file and function in: a string to search trackers with
     assert rc_doc["signature"] == "KeyError: 'req_pool_idx N not found in N' (sglang/srt/layers/sampler.py in forward)"
+
+
+def test_diagnose_log_starts_without_pydantic(tmp_path) -> None:
+    """Start-up (issue 31): `diagnose --log` reads no profile, its string options need no coercion,
+    and the catalogue comes parsed from the disk cache once a run has stored it, so neither pydantic
+    nor yaml is imported on the way to the first line (they cost more than the rest of the start
+    together). The options still arrive as typed."""
+    import subprocess
+
+    log = tmp_path / "one.log"
+    log.write_text("[2026-01-10 09:00:20 TP0] Decode batch, #running-req: 1, #token: 5, \n")
+    code = ("import sys, json\nfrom ddtree_ops.cli.app import main\n"
+            "try:\n    main(['diagnose', '--log', sys.argv[1], '--json'])\nexcept SystemExit as e:\n    rc = e.code\n"
+            "print(json.dumps({'rc': rc, 'heavy': [m for m in ('pydantic', 'yaml', 'paramiko') if m in sys.modules]}),"
+            " file=sys.stderr)")
+    subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, check=True)  # the disk cache filled
+    res = subprocess.run([sys.executable, "-c", code, str(log)], capture_output=True, text=True, check=True)
+    assert json.loads(res.stdout)["verdict"] == "healthy"  # the file given to --log was read
+    assert json.loads(res.stderr.strip().splitlines()[-1]) == {"rc": 0, "heavy": []}, res.stderr

@@ -6,13 +6,15 @@ INDEX.md (real logs) or the fixture's name (synthetic ones).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
 
-from ddtree_ops.diagnose.classify import classify
-from diagnose_helpers import (QUIET, as_journal_json, as_journald, corpus_logs, expected, index_evidence, label_of,
-                              misses, raw_lines, synthetic_logs)
+from ddtree_ops.diagnose.classify import Report, classify
+from diagnose_helpers import (QUIET, SERVING_NOT_READ, WARNING_ONLY, as_journal_json, as_journald, cites_evidence_line,
+                              corpus_logs, expected, index_evidence, label_of, misses, raw_lines, synthetic_logs,
+                              verdict_for)
 
 FORMS = ("raw", "journald", "json", "json-bytes")
 LOGS = corpus_logs() + synthetic_logs()
@@ -29,6 +31,12 @@ def _wrapped(path: Path, form: str) -> list[bytes]:
     return lines
 
 
+@lru_cache(maxsize=None)
+def _report(path: Path, form: str) -> Report:
+    """Each input classified once, whichever tests read its report."""
+    return classify(_wrapped(path, form))
+
+
 def test_corpus_is_present() -> None:
     # the corpus ships in the repository; an empty corpus would pass vacuously
     assert len(corpus_logs()) >= 18 + 38
@@ -37,11 +45,17 @@ def test_corpus_is_present() -> None:
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("path", LOGS, ids=[p.name for p in LOGS])
 def test_root_cause_label(path: Path, form: str) -> None:
-    """Verdict and root-cause label (and, for made-up fixtures, the warnings and harmless lines
-    their header names), in every form the log can come in."""
-    report = classify(_wrapped(path, form))
+    """What an operator reads first, in every form the log can come in: the verdict, the root
+    cause's label and the line that shows it (INDEX.md's evidence), and for made-up fixtures the
+    warnings and harmless lines their header names."""
+    report = _report(path, form)
     exp = expected(path)
     got = misses(report, exp, raw_lines(path))
+    if path.name in SERVING_NOT_READ:
+        # another engine's serving lines, which diagnose does not read: the safe miss, never a verdict
+        # of healthy (or failed) from lines it does not know
+        assert got == [f"verdict inconclusive != {exp.verdict}"] and report.root_cause is None, got
+        return
     assert not got, (got, [(f.rule_id, f.line, f.severity) for f in report.findings])
     if exp.verdict == "healthy":
         assert not report.fatal
@@ -49,27 +63,17 @@ def test_root_cause_label(path: Path, form: str) -> None:
 
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("path", LOGS, ids=[p.name for p in LOGS])
-def test_evidence_line_is_the_input_line(path: Path, form: str) -> None:
-    """`line` is 1-based in the input as given, whatever wrapping it came in."""
-    report = classify(_wrapped(path, form))
+def test_every_finding_cites_the_input_line_that_holds_its_evidence(path: Path, form: str) -> None:
+    """`line` is 1-based in the input as given, whatever wrapping it came in, and the evidence a
+    finding quotes is on that line (a traceback whose header was cut is cited at its first frame,
+    quoting that frame)."""
+    report = _report(path, form)
     lines = raw_lines(path)
     for f in report.findings:
         if f.line == 0:
             continue
         original = lines[f.line - 1].decode("utf-8", "replace")
-        assert f.evidence.strip()[:60] in original or f.rule_id == "python_exception", (f, original)
-
-
-@pytest.mark.parametrize("path", corpus_logs(), ids=[p.name for p in corpus_logs()])
-def test_evidence_matches_index(path: Path) -> None:
-    """The line named as the cause holds the evidence substring the corpus index gives."""
-    expected = index_evidence().get(path.name)
-    if expected is None or label_of(path) in QUIET:
-        pytest.skip("no failure evidence for this log")
-    lines = raw_lines(path)
-    rc = classify(lines).root_cause
-    # the index quotes the line as given (with its record prefix); the finding keeps it cleaned
-    assert rc is not None and (expected in rc.text or expected in lines[rc.line - 1].decode("utf-8", "replace")), (expected, rc)
+        assert f.evidence.strip()[:60] in original, (f.rule_id, f.line, f.evidence[:80], original[:120])
 
 
 def test_remedy_direction_for_memory() -> None:
@@ -137,26 +141,77 @@ def test_held_out_part_keeps_its_score(form: str, span: tuple[int, int]) -> None
     assert len(logs) == count
     named = []
     for path in logs:
-        expected = label_of(path)
+        label = label_of(path)
         rep = classify(_wrapped(path, form))
-        if expected in QUIET:
-            named.append(rep.verdict == "healthy" and rep.root_cause is None)
+        if label in QUIET:
+            named.append(rep.verdict == verdict_for(label, path.name) and rep.root_cause is None)
         else:
-            named.append(rep.root_cause is not None and rep.root_cause.label == expected)
+            named.append(rep.root_cause is not None and rep.root_cause.label == label)
     assert sum(named) >= floor, [p.name for p, ok in zip(logs, named, strict=True) if not ok]
 
 
-# The gate's coarser judgment on the same held-out parts: the verdict alone (a failure not called
-# healthy, a healthy log not called failed), whatever root cause was named. 950-980 as first
+# The gate's coarser judgment on the same held-out parts: the verdict alone (a failure called
+# failed, a healthy log not called failed), whatever root cause was named. 950-980 as first
 # scored; the earlier parts as they stand under the catalogue that scored 950-980
-# (bench/diagnose_corpus.py's last column).
-HELD_OUT_VERDICT = {(200, 221): 22, (400, 448): 48, (600, 642): 38, (800, 839): 38, (950, 980): 29}
+# (bench/diagnose_corpus.py's last column). 800-839 went from 38 to 37 with issue 31's verdict:
+# 830 is a healthy xinfer server whose serving lines diagnose does not read, now inconclusive (the
+# safe side) where it was healthy.
+HELD_OUT_VERDICT = {(200, 221): 22, (400, 448): 48, (600, 642): 38, (800, 839): 37, (950, 980): 29}
 
 
 @pytest.mark.parametrize("span", sorted(HELD_OUT_VERDICT), ids=lambda s: f"{s[0]}-{s[1]}")
 @pytest.mark.parametrize("form", ("raw", "journald", "json"))
 def test_held_out_part_keeps_telling_failures_from_health(form: str, span: tuple[int, int]) -> None:
-    from diagnose_helpers import heldout_logs, verdict_for
+    from diagnose_helpers import heldout_logs
 
-    told = [classify(_wrapped(path, form)).verdict == verdict_for(label_of(path)) for path in heldout_logs(*span)]
+    told = [classify(_wrapped(path, form)).verdict == verdict_for(label_of(path), path.name)
+            for path in heldout_logs(*span)]
     assert sum(told) >= HELD_OUT_VERDICT[span], sum(told)
+
+
+# The evidence-line figure (issue 31): how often the line cited as the cause is the line INDEX.md
+# names (or a line of the same multi-line message), per collection. Each part's floor is the figure
+# as first measured (raw, journald and json alike; bench/diagnose_corpus.py prints it): the tuning
+# parts all of their logs; the held-out parts, scored for this figure once, when it was added (at
+# d49aa92's catalogue plus the ending fix), before the rule that a compiler's or shell's own error
+# line outranks the build tool's exit line over it.
+EVIDENCE_LINE = {(100, 137): (35, 35), (200, 221): (19, 19), (300, 333): (29, 29), (400, 448): (43, 36),
+                 (500, 532): (27, 27), (600, 642): (35, 27), (700, 721): (15, 15), (800, 839): (33, 28),
+                 (900, 917): (16, 16), (950, 980): (28, 23)}   # numbers -> (failure logs with evidence, floor)
+
+
+def _numbered(first: int, last: int) -> list[Path]:
+    from diagnose_helpers import CORPUS
+
+    return sorted(p for p in CORPUS.glob("*.log") if p.name[:3].isdigit() and first <= int(p.name[:3]) <= last)
+
+
+@pytest.mark.parametrize("span", sorted(EVIDENCE_LINE), ids=lambda s: f"{s[0]}-{s[1]}")
+@pytest.mark.parametrize("form", ("raw", "journald", "json"))
+def test_the_cited_line_is_the_line_a_person_points_at(form: str, span: tuple[int, int]) -> None:
+    evidence = index_evidence()
+    logs = [p for p in _numbered(*span)
+            if label_of(p) not in QUIET + WARNING_ONLY and evidence.get(p.name)]
+    count, floor = EVIDENCE_LINE[span]
+    assert len(logs) == count
+    right = [cites_evidence_line(_report(p, form), evidence[p.name], raw_lines(p))
+             for p in logs]
+    assert sum(right) >= floor, [p.name for p, ok in zip(logs, right, strict=True) if not ok]
+
+
+def test_no_failure_log_under_tests_is_called_healthy() -> None:
+    """Issue 31's verdict: healthy needs evidence of serving and nothing fatal. Across every log
+    under tests/ whose reading is a failure (the corpus with its held-out parts, the made-up
+    fixtures, the real SGLang logs), in every form, none is called healthy."""
+    from diagnose_helpers import CORPUS, REPO
+
+    paths = [p for p in sorted(CORPUS.glob("*.log")) + synthetic_logs() if label_of(p) not in QUIET]
+    for index in sorted((REPO / "tests" / "data" / "real-sglang").glob("*/INDEX.md")):
+        for line in index.read_text("utf-8").splitlines():
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 3 and cells[0].endswith(".log") and cells[1] not in ("healthy", "inconclusive"):
+                paths.append(index.parent / cells[0])
+    assert len(paths) > 300
+    called = [(p.name, form) for p in paths for form in ("raw", "journald", "json")
+              if _report(p, form).verdict == "healthy"]
+    assert not called, called

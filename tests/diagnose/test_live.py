@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from ddtree_ops.diagnose import live
-from ddtree_ops.host import Result
+from ddtree_ops.host import HttpResponse, HttpUnavailable, Result
 from diagnose_helpers import FIXTURES, as_journal_json, raw_lines
 
 INV = "0123456789abcdef"
@@ -23,6 +23,7 @@ class FakeHost:
     results: dict[tuple[str, ...], Result] = field(default_factory=dict)
     files: dict[str, bytes] = field(default_factory=dict)
     calls: list[tuple[str, ...]] = field(default_factory=list)
+    health: int | None = None  # what /health_generate answers; None: nothing listens
 
     def on(self, argv: list[str], stdout: str = "", rc: int = 0, stderr: str = "") -> None:
         self.results[tuple(argv)] = Result(tuple(argv), rc, stdout, stderr)
@@ -37,8 +38,13 @@ class FakeHost:
     def put(self, path: str, data: bytes, *, mode: int = 0o644) -> None:  # pragma: no cover - unused
         self.files[path] = data
 
-    def http(self, *a: Any, **k: Any) -> Any:  # pragma: no cover - unused
-        raise AssertionError("diagnose does not need HTTP")
+    def http(self, method: str, port: int, path: str, **k: Any) -> Any:
+        self.calls.append(("http", method, path))
+        if (method, path) != ("GET", "/health_generate"):
+            raise AssertionError(f"diagnose asks only the health endpoint, not {method} {path}")
+        if self.health is None:
+            raise HttpUnavailable(f"{self.name}: nothing answers on 127.0.0.1:{port} (connection refused)")
+        return HttpResponse(self.health, b"", 0.01)
 
     def close(self) -> None:
         pass
@@ -165,13 +171,13 @@ def test_stray_gpu_process_is_reported(profile: Any) -> None:
     assert any(c.name.startswith("GPU memory held") and "pid 999" in c.detail for c in diag.checks)
 
 
-def test_cli_host_uses_the_ssh_layer(profile: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def _cli(h: FakeHost, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+         *args: str) -> tuple[int, str, str]:
+    """`ddtree-ops diagnose ct129 ARGS` with the SSH layer's connect handing over the fake host."""
     from contextlib import contextmanager
 
     import ddtree_ops.cli._common as common
     from ddtree_ops.cli.app import main
-
-    h = _host(profile, "synthetic-cuda_oom-nested-in-capture.log")
 
     @contextmanager
     def fake_connect(p: Any, ssh_config: Any) -> Any:
@@ -179,9 +185,15 @@ def test_cli_host_uses_the_ssh_layer(profile: Any, monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(common, "connect", fake_connect)
     with pytest.raises(SystemExit) as exc:
-        main(["diagnose", "ct129", "--json"])
-    doc = json.loads(capsys.readouterr().out)
-    assert exc.value.code == 2
+        main(["diagnose", "ct129", *args])
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def test_cli_host_uses_the_ssh_layer(profile: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _cli(_host(profile, "synthetic-cuda_oom-nested-in-capture.log"), monkeypatch, capsys, "--json")
+    doc = json.loads(out)
+    assert code == 2
     assert doc["root_cause"]["label"] == "cuda_oom" and doc["unit"]["NRestarts" if False else "restarts"] == 2
     assert doc["schema_version"] == 1 and any(c["name"].startswith("DDTREE") for c in doc["checks"])
 
@@ -347,8 +359,59 @@ def test_an_unreadable_journal_beside_a_known_unit_is_not_healthy(profile: Any) 
     h.on(live.cmd_journal_invocation(profile.service.unit, INV), "")
     diag = live.diagnose_host(h, profile)
     rep = diag.combined()
-    assert not diag.unreadable and rep.verdict == "degraded"
+    # nothing read shows it serves and the health endpoint does not answer: no verdict, exit 3
+    assert not diag.unreadable and rep.verdict == "inconclusive" and rep.serving is None
     assert any(f.rule_id == "journal_unreadable" for f in rep.findings)
+    h.health = 200
+    rep = live.diagnose_host(h, profile).combined()
+    # the health endpoint answers: serving, with the warning that the journal could not be read
+    assert rep.verdict == "degraded" and rep.serving == (0, "health endpoint")
+
+
+def _serving_now(profile: Any, fixture: str = "synthetic-healthy-full-startup.log") -> FakeHost:
+    h = _host(profile, fixture, unit_result="success")
+    h.on(live.cmd_unit_state(profile.service.unit), f"Result=success\nExecMainStatus=0\nNRestarts=0\nInvocationID={INV}\n"
+                                                    "ActiveState=active\nSubState=running\nMainPID=41231\nLoadState=loaded\n")
+    return h
+
+
+def test_a_host_serving_healthy_after_a_failed_start_is_healthy_and_names_that_start(
+        profile: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: after a rolled-back deploy the host serves its known-good release; the failed start
+    is the one before. HEALTHY, exit 0, and it says why that start failed (DEGRADED is the deploy
+    contract's word for "not serving")."""
+    h = _serving_now(profile)
+    h.health = 200
+    diag = live.diagnose_host(h, profile)
+    rep = diag.combined()
+    assert rep.verdict == "healthy" and rep.root_cause is None
+    assert diag.previous[-1].report.root_cause.label == "kv_pool_too_small"  # the canned earlier start
+    assert ("http", "GET", "/health_generate") not in h.calls  # the journal shows it serves: no probe needed
+
+    code, out, _ = _cli(h, monkeypatch, capsys, "--json")
+    doc = json.loads(out)
+    assert (code, doc["exit_code"], doc["verdict"], doc["command"]) == (0, 0, "healthy", "diagnose")
+    assert doc["previous_start_failed"]["label"] == "kv_pool_too_small"
+    code, _, err = _cli(h, monkeypatch, capsys)
+    assert code == 0 and "HEALTHY: the previous start failed: kv_pool_too_small" in err
+    assert "DEGRADED" not in err and "RAISE memory.mem_fraction_static" in err
+
+
+def test_the_health_endpoint_is_the_evidence_when_the_journal_shows_none(profile: Any) -> None:
+    """A journal cut before its ready line (rotated, rate-limited): the live reader asks the health
+    endpoint, as the gate does; a host that does not answer stays inconclusive."""
+    h = _serving_now(profile, "synthetic-kv_pool_too_small-weights-leave-no-memory.log")
+    fragment = [json.dumps({"MESSAGE": "[2026-01-10 09:00:02 TP0] Load weight begin. avail mem=47.10 GB",
+                            "_SYSTEMD_INVOCATION_ID": INV, "__REALTIME_TIMESTAMP": "1767000000000000"})]
+    h.on(live.cmd_journal_invocation(profile.service.unit, INV), "\n".join(fragment))
+    assert live.diagnose_host(h, profile).combined().verdict == "inconclusive"
+    h.health = 503
+    diag = live.diagnose_host(h, profile)
+    assert diag.combined().verdict == "inconclusive" and diag.health == (503, "/health_generate answered 503")
+    h.health = 200
+    diag = live.diagnose_host(h, profile)
+    assert diag.combined().verdict == "healthy" and ("http", "GET", "/health_generate") in h.calls
+    assert any(c.name == "health endpoint" and c.status == "ok" for c in diag.checks)
 
 
 def _gpu_host(profile: Any, fixture: str) -> FakeHost:

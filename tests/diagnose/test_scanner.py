@@ -214,3 +214,18 @@ def test_no_rule_keyword_is_in_a_healthy_serving_line() -> None:
     from ddtree_ops.diagnose.screen import HEALTHY_SAMPLE
 
     assert [(r.id, lit) for r in load_catalogue().rules for lit in r.literals if lit in HEALTHY_SAMPLE] == []
+
+
+@pytest.mark.parametrize("size", [37, 245, 4096])
+def test_the_error_line_over_a_build_tools_exit_is_found_across_blocks(size: int) -> None:
+    """The compiler's own line is looked for above the build tool's, in this block and the previous
+    blocks' tail: a file read in blocks cites the same line (a block boundary once made it the
+    build tool's line, from a block that starts mid-file)."""
+    lines = raw_lines(FIXTURES / "synthetic-flashinfer_jit_error-nvcc-error-over-ninja.log")
+    data = b"\n".join(lines) + b"\n"
+    sc = Scanner()
+    for pos in range(0, len(data), size):
+        sc.feed_bytes(data[pos:pos + size])
+    sc.finish()
+    rc = sc.report().root_cause
+    assert rc is not None and rc.line == 8 and 'identifier "__hmax2" is undefined' in rc.text

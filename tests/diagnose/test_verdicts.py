@@ -43,7 +43,8 @@ def test_a_benign_line_before_a_failure_does_not_silence_the_later_lines() -> No
 def test_a_rejected_request_is_harmless_not_an_unnamed_crash() -> None:
     """Benign rules still outrank the generic evidence (an exception line no rule names)."""
     rep = classify(["ValueError: The input (40210 tokens) is longer than the model's context length (32768 tokens)."])
-    assert rep.verdict == "healthy" and [f.severity for f in rep.findings] == ["benign"]
+    assert rep.root_cause is None and [f.severity for f in rep.findings] == ["benign"]
+    assert rep.verdict == "inconclusive"  # a rejected request alone does not show the server served
 
 
 # ------------------------------------------------------------------ SIGKILL is not host OOM by itself

@@ -263,5 +263,6 @@ def test_a_wording_from_the_source_names_its_class(line: str, label: str, source
 @pytest.mark.parametrize("line, source", HARMLESS, ids=[h[0][:50] for h in HARMLESS])
 def test_a_harmless_line_is_reported_harmless(line: str, source: str) -> None:
     rep = classify([line])
-    assert rep.root_cause is None and rep.verdict == "healthy", (source, rep.root_cause)
+    # no failure; alone, the line shows no server that served either: inconclusive, never failed
+    assert rep.root_cause is None and rep.verdict == "inconclusive", (source, rep.root_cause)
     assert [f.severity for f in rep.findings] == ["benign"], (source, rep.findings)

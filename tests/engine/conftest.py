@@ -1,4 +1,5 @@
-"""Engine test fixtures: a tiny random Llama (milliseconds) and SmolLM2-135M (the real model).
+"""Engine test fixtures: a tiny random Llama (milliseconds). SmolLM2-135M (the real model) is
+loaded by the code under test itself (`run_verify`, `engine verify`), once per use.
 
 Tests that need torch carry `@pytest.mark.engine`; without torch the whole directory is skipped
 at collection rather than failing on import.
@@ -20,10 +21,3 @@ def tiny() -> Any:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     return tiny_llama(vocab_size=96, hidden=64, layers=2, seed=3)
-
-
-@pytest.fixture(scope="session")
-def smollm2() -> tuple[Any, Any]:
-    from ddtree_ops.engine.models import load_model
-
-    return load_model("smollm2", dtype=torch.float32)

@@ -58,7 +58,38 @@ def test_cache_root_order(monkeypatch: pytest.MonkeyPatch, env: dict[str, str], 
     for var, value in env.items():
         monkeypatch.setenv(var, value)
     assert models.cache_root() == Path(want)
-    assert models.smollm2_cached() == Path(want) / "models" / "smollm2-135m-instruct"
+    assert models.smollm2_cached() == Path(want) / "models" / f"smollm2-135m-instruct-{models.smollm2_key()}"
+
+
+def test_the_converted_model_is_kept_under_a_key_of_its_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another GGUF, another transformers or torch, or another conversion code: another directory
+    (so a stale conversion is never reused); the same inputs: the same one."""
+    import importlib.metadata as md
+
+    key = models.smollm2_key()
+    assert models.smollm2_key() == key and len(key) == 12
+    real_files, real_version = md.files, md.version
+
+    class Hash:
+        mode, value = "sha256", "another-gguf"
+
+    class Entry:
+        name, hash = models.GGUF_NAME, Hash()
+
+    monkeypatch.setattr(md, "files", lambda name: [Entry()] if name == models.WHEEL else real_files(name))
+    assert models.smollm2_key() != key
+    monkeypatch.setattr(md, "files", lambda name: [] if name == models.WHEEL else real_files(name))
+    no_record = models.smollm2_key()              # no RECORD entry: the file's own hash, the same GGUF
+    assert no_record == models.smollm2_key()
+    monkeypatch.setattr(md, "files", real_files)
+    monkeypatch.setattr(md, "version", lambda name: "0.0.1" if name == "transformers" else real_version(name))
+    assert models.smollm2_key() != key
+    monkeypatch.setattr(md, "version", real_version)
+    monkeypatch.setattr(models.torch, "__version__", "0.0.1")
+    assert models.smollm2_key() != key
+    monkeypatch.undo()
+    monkeypatch.setattr(models.inspect, "getsource", lambda fn: "def convert_smollm2(dest): ...")
+    assert models.smollm2_key() != key
 
 
 @pytest.mark.slow
@@ -71,7 +102,7 @@ def test_verify_converts_into_an_empty_cache_and_nowhere_else(tmp_path: Path) ->
                            "--max-new-tokens", "8", "--budget", "8", "--json"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    converted = xdg / "ddtree-ops" / "models" / "smollm2-135m-instruct"
+    converted = xdg / "ddtree-ops" / "models" / f"smollm2-135m-instruct-{models.smollm2_key()}"
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in converted.iterdir()}
     assert not any(home.iterdir())                                   # no stray cache in $HOME
     assert [p.name for p in tmp_path.iterdir() if p.name not in ("home", "xdg")] == []

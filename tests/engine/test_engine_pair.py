@@ -1,14 +1,23 @@
-"""A trained pair, made in the test by the same script as the H200's (bench/pair/train.py, scale
-`test`: a 4 x 64 Qwen3 and a 1-layer DFlash draft, ~40 s on two cores), then decoded by the engine:
-chain and tree reproduce autoregressive greedy token for token, and the trained draft really drafts.
-Also: the files SGLang and the shadow side read, `engine verify --target --draft`, engine_run.py's
-JSON contract, and that the seed alone decides the weights."""
+"""A trained pair, made by the same script as the H200's (bench/pair/train.py, scale `test`: a
+4 x 64 Qwen3 and a 1-layer DFlash draft) on the corpus shipped in the repository, so the same on
+every machine, then decoded by the engine. It is trained once per cache (bench/pair/cache.py: a
+key of the corpus hash, the seed, the sizes and the training code) and found there afterwards.
+
+What is asserted is what the code guarantees, never a figure a trained model happened to reach:
+chain, tree and shadow reproduce autoregressive greedy (a divergence only at a near-tie); the
+spine tree commits at least the chain's tokens on every round; the training objective predicts
+every round the engine decodes; the trained draft drafts better than an untrained one by a margin
+far inside what every seed reached (MARGIN); the same seed writes the same files, and the cache
+retrains exactly when an input changes. Also: the files SGLang and the shadow side read,
+`engine verify --target --draft`, engine_run.py's JSON contract."""
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
 import json
+import lzma
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,23 +30,37 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 PAIR = REPO / "bench" / "pair"
+TIE_EPS = 1e-3          # a divergence from AR is a near-tie when AR's top-1/top-2 gap is at most this
+# The trained draft's chain tau minus an untrained draft's, on the first 4 prompts x 48 tokens at
+# budget 16, was 0.97 to 3.58 over six seeds of the test pair (bench/pair/seed_sweep.py,
+# bench/results/pair/test_seed_sweep.json; the chain tau itself 1.98 to 4.58, so "tau >= 2" was
+# luck); the test asks for about half the smallest gain, so only a draft that does not draft fails.
+MARGIN = 0.5
+# Both models' training loss dropped by at least 2.6 nats over the same six seeds.
+LEARNED = 1.0
 
 
 def pair_module(name: str) -> Any:
     """A bench/pair module under its plain name: the scripts import each other that way."""
-    here = str(REPO / "bench" / "pair")
+    here = str(PAIR)
     if here not in sys.path:
         sys.path.insert(0, here)
     return importlib.import_module(name)
 
 
+def micro_scale() -> Any:
+    """The test scale cut to a few steps: seconds, for the tests of determinism and the cache."""
+    base = pair_module("scales").SCALES["test"]
+    return dataclasses.replace(base, corpus_bytes=100_000, tokenizer_bytes=100_000, prompts=2, eval_windows=2,
+                               target=dataclasses.replace(base.target, steps=4, batch=2, seq_len=64),
+                               draft=dataclasses.replace(base.draft, steps=4, batch=2, anchors=4, prompt_len=16,
+                                                         gen_len=24, gen_seqs=8, eval_seqs=2))
+
+
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory) -> tuple[Path, dict[str, Any]]:
-    train = pair_module("train")
-    scales = pair_module("scales")
-    out = tmp_path_factory.mktemp("pair") / "pair"
-    train.setup(train.SEED, "cpu", None)
-    meta = train.run(scales.SCALES["test"], out, train.SEED, "cpu")
+def pair() -> tuple[Path, dict[str, Any]]:
+    cache, train, scales = (pair_module(n) for n in ("cache", "train", "scales"))
+    out, meta, _trained = cache.cached_pair(scales.SCALES["test"], train.SEED, "cpu")
     return out, meta
 
 
@@ -49,11 +72,27 @@ def loaded(pair) -> tuple[Any, Any, Any]:
     return load_pair(out / "target", out / "draft")
 
 
+def prompts_of(out: Path, n: int) -> list[list[int]]:
+    return json.loads((out / "prompts.json").read_text())["prompts"][:n]
+
+
+def near_tie_or_none(ar: Any, other: list[int]) -> str | None:
+    """None when `other` is AR's tokens, or differs first where AR's own choice was a near-tie;
+    else a description of the divergence."""
+    from ddtree_ops.engine.verify_cmd import first_divergence
+
+    i = first_divergence(ar.tokens, other)
+    if i is None or (i < len(ar.gaps) and ar.gaps[i] <= TIE_EPS):
+        return None
+    return f"token {i}: AR {ar.tokens[i] if i < len(ar.tokens) else None}, got {other[i] if i < len(other) else None}"
+
+
 def test_the_pair_has_the_files_sglang_and_the_shadow_side_read(pair) -> None:
     from transformers import AutoTokenizer
 
     from ddtree_ops.engine.dflash import DraftSpec
 
+    corpus = pair_module("corpus")
     out, meta = pair
     for sub in ("target", "draft"):
         for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
@@ -72,31 +111,67 @@ def test_the_pair_has_the_files_sglang_and_the_shadow_side_read(pair) -> None:
     curve = json.loads((out / "train_curve.json").read_text())
     assert len(curve["target_loss"]) == meta["scale"]["target"]["steps"]
     assert len(curve["draft_loss"]) == meta["scale"]["draft"]["steps"]
-    assert curve["target_loss"][-1] < curve["target_loss"][0] - 1.0                # it learned
-    assert curve["draft_loss"][-1] < curve["draft_loss"][0] - 1.0
-    assert meta["target"]["heldout_loss"] > 0 and 0 <= meta["target"]["share_top1_p_gt_0.5"] <= 1
+    assert curve["target_loss"][-1] < curve["target_loss"][0] - LEARNED                # it learned
+    assert curve["draft_loss"][-1] < curve["draft_loss"][0] - LEARNED
+    # the corpus is the shipped one, all of it, and the meta says which text it read
+    shipped = corpus.shipped_sources()
+    assert meta["corpus"]["text"] == "shipped" and meta["corpus"]["files_seen"] == len(shipped) == 43
+    assert meta["corpus"]["train_files"] + meta["corpus"]["heldout_files"] == 43
+    keys = [f.key for f in shipped]
+    texts = [f.text for f in shipped]
+    train_keys = [k for f, k in zip(shipped, keys) if not corpus.is_heldout(f, meta["scale"]["heldout_mod"])]
+    held_keys = [k for f, k in zip(shipped, keys) if corpus.is_heldout(f, meta["scale"]["heldout_mod"])]
+    by_key = dict(zip(keys, texts))
+    assert meta["corpus"]["sha256"] == corpus.text_digest(train_keys + held_keys,
+                                                          [by_key[k] for k in train_keys + held_keys])
 
 
-def test_pair_decodes_losslessly_and_the_draft_drafts(pair, loaded) -> None:
+def test_pair_decodes_losslessly_and_the_spine_tree_never_below_the_chain(pair, loaded) -> None:
+    """Chain, tree and shadow give AR's tokens. In the shadow every round verifies the chain
+    (committed) and the spine tree (beside it) from one draft, so each round pairs them: the tree
+    commits at least the chain's tokens, except where AR itself was at a near-tie inside the
+    round (two verify forwards of different shapes may round such a choice apart)."""
     from ddtree_ops.engine.decoder import Decoder
 
     out, _ = pair
     model, _, drafter = loaded
-    prompts = json.loads((out / "prompts.json").read_text())["prompts"][:4]
     dec = Decoder(model, drafter, budget=16)
-    chain_rounds = chain_tokens = tree_tokens = tree_rounds = 0
-    for p in prompts:
-        ar = dec.generate(p, 48, "ar").tokens
-        chain = dec.generate(p, 48, "chain")
-        tree = dec.generate(p, 48, "tree")
-        assert chain.tokens == ar and tree.tokens == ar
-        chain_rounds += chain.rounds
-        chain_tokens += sum(chain.round_tokens)
-        tree_rounds += tree.rounds
-        tree_tokens += sum(tree.round_tokens)
-    tau_chain, tau_tree = chain_tokens / chain_rounds, tree_tokens / tree_rounds
-    assert tau_chain >= 2.0, f"chain tau {tau_chain:.2f}: the trained draft does not draft"
-    assert tau_tree >= tau_chain
+    rounds = gains = 0
+    for p in prompts_of(out, 4):
+        ar = dec.generate(p, 48, "ar")
+        decoded = {mode: dec.generate(p, 48, mode) for mode in ("chain", "tree", "shadow")}
+        for mode, res in decoded.items():
+            assert near_tie_or_none(ar, res.tokens) is None, (mode, near_tie_or_none(ar, res.tokens))
+        start = 0
+        for r in decoded["shadow"].ledger.records:
+            assert r.tree_tokens is not None
+            inside = ar.gaps[start + 1:start + r.chain_tokens + 1]
+            assert r.tree_tokens >= r.chain_tokens or min(inside, default=1.0) <= TIE_EPS, (start, r)
+            gains += r.tree_tokens > r.chain_tokens
+            rounds += 1
+            start += r.chain_tokens
+    assert rounds >= 40 and gains > 0
+
+
+def test_the_trained_draft_drafts_and_an_untrained_one_does_not(pair, loaded) -> None:
+    """The same target, the same prompts, chain decoding: the trained draft's tau exceeds an
+    untrained draft's (its weights re-randomised) by MARGIN."""
+    from ddtree_ops.engine.decoder import Decoder
+    from ddtree_ops.engine.dflash import DFlashDraft, DFlashDrafter
+
+    out, _ = pair
+    model, _, drafter = loaded
+    torch.manual_seed(0)
+    raw = DFlashDraft(drafter.spec)
+    raw.init_weights()
+    untrained = DFlashDrafter(model, raw.eval())
+
+    def tau(d: Any) -> float:
+        res = [Decoder(model, d, budget=16).generate(p, 48, "chain") for p in prompts_of(out, 4)]
+        return sum(sum(r.round_tokens) for r in res) / sum(r.rounds for r in res)
+
+    trained_tau, untrained_tau = tau(drafter), tau(untrained)
+    assert trained_tau - untrained_tau >= MARGIN, (trained_tau, untrained_tau)
 
 
 def test_the_training_objective_predicts_every_round_of_the_engine(pair, loaded) -> None:
@@ -111,7 +186,7 @@ def test_the_training_objective_predicts_every_round_of_the_engine(pair, loaded)
     model, _, drafter = loaded
     bs = drafter.spec.block_size
     checked = 0
-    for p in json.loads((out / "prompts.json").read_text())["prompts"][:4]:
+    for p in prompts_of(out, 4):
         dec = Decoder(model, drafter, budget=16)
         ar = dec.generate(p, 48, "ar").tokens
         chain = dec.generate(p, 48, "chain")
@@ -131,36 +206,22 @@ def test_the_training_objective_predicts_every_round_of_the_engine(pair, loaded)
     assert checked >= 10
 
 
-def test_an_untrained_draft_does_not_draft(pair, loaded) -> None:
-    """The control for the test above: the same pair with the draft's weights re-randomised
-    accepts next to nothing, so the acceptance there comes from training."""
-    from ddtree_ops.engine.decoder import Decoder
-    from ddtree_ops.engine.dflash import DFlashDraft, DFlashDrafter
-
-    out, _ = pair
-    model, _, drafter = loaded
-    torch.manual_seed(0)
-    raw = DFlashDraft(drafter.spec)
-    raw.init_weights()
-    prompts = json.loads((out / "prompts.json").read_text())["prompts"][:2]
-    res = [Decoder(model, DFlashDrafter(model, raw.eval()), budget=16).generate(p, 32, "chain") for p in prompts]
-    tau = sum(sum(r.round_tokens) for r in res) / sum(r.rounds for r in res)
-    assert tau < 1.3
-
-
 def test_engine_verify_cli_on_the_pair(pair) -> None:
     out, _ = pair
     cmd = [sys.executable, "-m", "ddtree_ops", "engine", "verify", "--target", str(out / "target"), "--draft",
            str(out / "draft"), "--budget", "12", "--prompts", "2", "--max-new-tokens", "24", "--json"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
-    assert doc["identical"] and doc["draft"] == str(out / "draft") and doc["horizon"] == 7
-    assert doc["tau_chain"] >= 2.0 and doc["tau_tree"] >= doc["tau_chain"]
+    assert doc["explained"] and doc["draft"] == str(out / "draft") and doc["horizon"] == 7
+    sh = doc["shadow"]
+    # the spine lower bound is computed from the chain's own verify: with the spine in the tree it
+    # is the chain's tokens or one more, on every round
+    assert sh["rounds"] == doc["modes"]["chain"]["rounds"] and sh["tau_tree_lower"] >= sh["tau_chain"]
     assert "the pair's prompts.json" in " ".join(doc["notes"])
     bad = subprocess.run(cmd[:-1] + ["--horizon", "15"], capture_output=True, text=True, cwd=REPO, timeout=120,
-                         env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+                         env=env)
     assert bad.returncode == 64 and "drafts 7 positions" in bad.stderr
 
 
@@ -188,14 +249,53 @@ def test_engine_run_writes_the_contract(pair, tmp_path) -> None:
 def test_the_seed_decides_the_weights(tmp_path) -> None:
     """Two runs with one seed write identical files; another seed does not (so the check can fail)."""
     train = pair_module("train")
-    scales = pair_module("scales")
-    base = scales.SCALES["test"]
-    micro = dataclasses.replace(base, corpus_bytes=100_000, tokenizer_bytes=100_000, prompts=2, eval_windows=2,
-                                target=dataclasses.replace(base.target, steps=4, batch=2, seq_len=64),
-                                draft=dataclasses.replace(base.draft, steps=4, batch=2, anchors=4, prompt_len=16,
-                                                          gen_len=24, gen_seqs=8, eval_seqs=2))
+    micro = micro_scale()
     metas = [train.run(micro, tmp_path / name, seed, "cpu")["sha256"]
              for name, seed in (("a", 7), ("b", 7), ("c", 8))]
     assert metas[0] == metas[1]
     assert metas[0]["target/model.safetensors"] != metas[2]["target/model.safetensors"]
     assert metas[0]["draft/model.safetensors"] != metas[2]["draft/model.safetensors"]
+
+
+def test_the_test_scale_reads_nothing_of_the_machine(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test pair's corpus is the shipped one: a run that could not list the machine's Python
+    sources still trains, and its corpus hash is the same as any other machine's."""
+    corpus, train = pair_module("corpus"), pair_module("train")
+
+    def no_machine(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the test scale read the machine's Python sources")
+
+    monkeypatch.setattr(corpus, "python_sources", no_machine)
+    monkeypatch.setattr(corpus, "source_roots", no_machine)
+    meta = train.run(micro_scale(), tmp_path / "p", 7, "cpu")
+    assert meta["corpus"]["text"] == "shipped" and meta["corpus"]["files_seen"] == 43
+
+
+def test_a_changed_shipped_corpus_is_refused_by_name(tmp_path) -> None:
+    corpus = pair_module("corpus")
+    data = lzma.decompress(corpus.SHIPPED.read_bytes()).replace(b"def ", b"def  ", 1)
+    changed = tmp_path / "changed.jsonl.xz"
+    changed.write_bytes(lzma.compress(data))
+    with pytest.raises(ValueError, match=r"changed\.jsonl\.xz: content sha256 .* is not the recorded"):
+        corpus.shipped_sources(changed)
+
+
+def test_the_pair_is_cached_under_a_key_of_its_inputs(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A second call with the same inputs trains nothing and returns the same files; a changed
+    seed, scale or training code trains again, beside it; a damaged pair is trained again."""
+    cache = pair_module("cache")
+    micro = micro_scale()
+    first, meta, trained = cache.cached_pair(micro, 7, root=tmp_path)
+    assert trained and meta["seed"] == 7
+    again, meta_again, trained_again = cache.cached_pair(micro, 7, root=tmp_path)
+    assert (again, meta_again, trained_again) == (first, meta, False)
+    other_seed = cache.cached_pair(micro, 8, root=tmp_path)
+    other_scale = cache.cached_pair(dataclasses.replace(micro, prompts=3), 7, root=tmp_path)
+    assert other_seed[2] and other_scale[2] and len({first, other_seed[0], other_scale[0]}) == 3
+    real = cache.code_digest()
+    monkeypatch.setattr(cache, "code_digest", lambda: "another" + real)
+    assert cache.cached_pair(micro, 7, root=tmp_path)[2]                    # the training code changed
+    monkeypatch.undo()
+    (first / "draft" / "model.safetensors").write_bytes(b"damaged")
+    assert cache.cached_pair(micro, 7, root=tmp_path)[2]
+    assert cache.cached_pair(micro, 7, root=tmp_path)[1]["sha256"] == meta["sha256"]   # the same seed, the same files

@@ -73,13 +73,14 @@ logit_tables = st.integers(1, 4).flatmap(lambda L: st.integers(1, 5).flatmap(lam
 
 
 @settings(max_examples=200, deadline=None)
-@given(rows=logit_tables, budget=st.integers(1, 40), root=st.integers(0, 9), spine=st.booleans())
+@given(rows=logit_tables, budget=st.integers(1, 40), root=st.integers(0, 9), spine=st.sampled_from([True, False, None]))
 def test_heap_is_the_best_prefix_set_and_vectorised_matches(rows: list[list[float]], budget: int, root: int,
-                                                           spine: bool) -> None:
+                                                           spine: bool | None) -> None:
+    """Each shape, and the default (None: the spine tree at B >= L, the plain one below)."""
     logits = torch.tensor(rows)
     top = draft_topk(logits, budget_topk(budget, logits.shape[1]))
     heap = build_tree_heap(top, budget, root, spine=spine)
-    assert rank_paths(heap) == brute_force(top, budget, spine)
+    assert rank_paths(heap) == brute_force(top, budget, budget >= top.depth if spine is None else spine)
     assert same_tree(heap, build_tree_vectorized(top, budget, root, spine=spine))
     children, ranks = heap_tree(top.tokens.tolist(), top.scores.tolist(), budget, spine)   # the serving side's
     assert children == heap.children() and ranks == heap.ranks.tolist()
@@ -89,9 +90,9 @@ def test_heap_is_the_best_prefix_set_and_vectorised_matches(rows: list[list[floa
 
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 10**6), budget=st.sampled_from([1, 7, 16, 64, 200]), depth=st.integers(1, 15),
-       scale=st.sampled_from([0.5, 4.0, 12.0]), spine=st.booleans())
+       scale=st.sampled_from([0.5, 4.0, 12.0]), spine=st.sampled_from([True, False, None]))
 def test_vectorised_matches_heap_on_peaked_large_vocab(seed: int, budget: int, depth: int, scale: float,
-                                                       spine: bool) -> None:
+                                                       spine: bool | None) -> None:
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn((depth, 4096), generator=gen) * scale
     top = draft_topk(logits, budget)
@@ -100,14 +101,7 @@ def test_vectorised_matches_heap_on_peaked_large_vocab(seed: int, budget: int, d
 
 def greedy_accepts(tree: Tree, target: "Target") -> int:
     """Tokens a greedy verify of `tree` commits (accepted path incl. the root, as tau counts them)."""
-    toks, parents, post = tree.tokens.tolist(), tree.parents.tolist(), []
-    for node in range(tree.size):
-        path, n = [], node
-        while n > 0:
-            path.append(toks[n])
-            n = parents[n]
-        post.append(target(tuple(path[::-1])))
-    accepted, _bonus = walk(tree.children(), post)
+    accepted, _bonus = walk(tree.children(), [target(path) for path in tree.paths()])
     return len(accepted)
 
 
@@ -133,14 +127,20 @@ class Target:
        seed=st.integers(0, 10**6))
 def test_the_spine_tree_never_accepts_less_than_the_chain(rows: list[list[float]], budget: int, agree: float,
                                                           seed: int) -> None:
-    """On any draft and any greedy target, on this round: with B >= L the spine tree commits at
-    least the chain's tokens; below the horizon it is the chain cut at depth B."""
+    """On any draft and any greedy target, on this round: with B >= L the default tree (the spine
+    tree) commits at least the chain's tokens. Below the horizon the spine tree is the chain cut at
+    depth B, and the default there is the plain tree."""
     logits = torch.tensor(rows)
     top = draft_topk(logits, budget_topk(budget, logits.shape[1]))
     chain = build_chain(top, 0)
     target = Target(chain.tokens[1:].tolist(), logits.shape[1], agree, seed)
-    tree = build_tree_heap(top, budget, 0)                  # the default build
-    assert greedy_accepts(tree, target) >= min(greedy_accepts(chain, target), budget + 1)
+    spine = build_tree_heap(top, budget, 0, spine=True)
+    assert greedy_accepts(spine, target) >= min(greedy_accepts(chain, target), budget + 1)
+    default = build_tree_heap(top, budget, 0)
+    if budget >= top.depth:
+        assert greedy_accepts(default, target) >= greedy_accepts(chain, target)
+    else:
+        assert same_tree(default, build_tree_heap(top, budget, 0, spine=False))
 
 
 def test_the_plain_best_first_tree_can_lose_to_the_chain() -> None:
@@ -158,7 +158,7 @@ def test_the_plain_best_first_tree_can_lose_to_the_chain() -> None:
     assert greedy_accepts(spine, target) == 7
     assert spine.tokens[1:7].tolist() == chain.tokens[1:].tolist()       # nodes 1..L are the spine
     assert spine.parents[1:7].tolist() == list(range(6))
-    assert SPINE is True                                                 # the default, docs/engine.md
+    assert SPINE is True and same_tree(build_tree_heap(top, 8, 0), spine)     # the default at B >= L, docs/engine.md
 
 
 def test_tree_contains_top_k_only_and_distinct_siblings() -> None:
@@ -177,6 +177,12 @@ def test_chain_is_rank_zero_path_and_same_code_path() -> None:
     assert chain.is_chain() and chain.size == 6
     assert chain.tokens[1:].tolist() == torch.argmax(logits, dim=-1).tolist()
     assert torch.equal(chain.visibility(), torch.tril(torch.ones(6, 6, dtype=torch.bool)))
+
+
+def test_paths_are_the_tokens_from_the_root() -> None:
+    tree = Tree(torch.tensor([9, 4, 5, 6, 7, 8]), torch.tensor([-1, 0, 0, 1, 3, 2]),
+                torch.tensor([0, 1, 1, 2, 3, 2]), torch.zeros(6, dtype=torch.long))
+    assert tree.paths() == [(), (4,), (5,), (4, 6), (4, 6, 7), (5, 8)]
 
 
 def test_visibility_and_positions() -> None:
@@ -199,13 +205,13 @@ def test_budget_larger_than_prefixes_and_limits() -> None:
         draft_topk(torch.zeros(40, 4), 2)
 
 
-@pytest.mark.parametrize("spine", [True, False])
-def test_tree_builder_static_buffers_match_heap(spine: bool) -> None:
+@pytest.mark.parametrize("spine,budget", [(True, 64), (False, 64), (None, 64), (None, 8)])
+def test_tree_builder_static_buffers_match_heap(spine: bool | None, budget: int) -> None:
     logits = torch.randn(15, 2000, generator=torch.Generator().manual_seed(4)) * 6
-    builder = TreeBuilder(15, 2000, 64, "cpu", logits_dtype=torch.float32, spine=spine)
+    builder = TreeBuilder(15, 2000, budget, "cpu", logits_dtype=torch.float32, spine=spine)
     builder.capture()                              # no-op on CPU: the eager path is the graph body
     out = builder.build(logits, 11)
-    heap = build_tree_heap(draft_topk(logits, 64), 64, 11, spine=spine)
+    heap = build_tree_heap(draft_topk(logits, budget), budget, 11, spine=spine)
     assert out["tokens"].tolist() == heap.tokens.tolist()
     assert out["parents"].tolist() == heap.parents.tolist()
     assert torch.equal(out["visibility"], heap.visibility())

@@ -40,8 +40,8 @@ CHILD = textwrap.dedent('''
         trees = {}
         for spine in (True, False):
             ref = T.build_tree_heap(top_ref, case["B"], 7, spine=spine)
-            # the default shape from logits; the other from the same fused top-K (the interpreter is slow)
-            fused = (T.build_tree_fused(logits, case["B"], 7) if spine == T.SPINE else
+            # one shape from logits, the other from the same fused top-K (the interpreter is slow)
+            fused = (T.build_tree_fused(logits, case["B"], 7, spine=spine) if spine else
                      T.build_tree_vectorized(top_fused, case["B"], 7, fused=True, spine=spine))
             builder = T.TreeBuilder(case["L"], case["V"], case["B"], "cpu", logits_dtype=torch.float32, how="fused",
                                     spine=spine)

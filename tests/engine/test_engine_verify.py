@@ -110,3 +110,13 @@ def test_positional_sampler_is_inverse_cdf_per_position() -> None:
 
 def test_top_gap() -> None:
     assert top_gap(torch.tensor([1.0, 3.0, 2.5])) == pytest.approx(0.5)
+
+
+def test_engine_verify_says_which_tree_it_built_and_what_a_small_budget_makes_of_it() -> None:
+    from ddtree_ops.engine.verify_cmd import tree_note
+
+    assert tree_note(16, 15).startswith("tree: the spine tree") and "below" not in tree_note(16, 15)
+    assert tree_note(8, 15) == ("tree: plain best-first (the B best prefixes): budget 8 is below the horizon 15, "
+                                "so no tree holds the whole chain")
+    assert tree_note(8, 15, spine=True).endswith("budget 8 is below the horizon 15, so it is the chain cut at depth 8")
+    assert tree_note(16, 15, spine=False) == "tree: plain best-first (the B best prefixes)"

@@ -193,7 +193,7 @@ def test_a_third_interrupt_abandons_and_rollback_finds_the_pending_hosts(fleet: 
     assert proc.returncode == 130
     left = [h for h in WAVES[1] if _changed(fleet, h)]
     assert left, "an abandoned wave leaves its pending records"
-    rc, doc, err = tool(fleet, "rollback", "--json")  # no HOST: every host whose last change did not pass
+    rc, doc, err = tool(fleet, "rollback", "--yes", "--json")  # no HOST: every host whose last change did not pass
     assert rc == 0, err
     assert sorted(h["host"] for h in doc["hosts"]) == sorted(left)
     assert all(f"{h}: an unfinished" in err for h in left)
@@ -283,8 +283,10 @@ def test_every_command_across_a_group(fleet: Any) -> None:
     rows = {h["host"]: h for h in hist["hosts"]}
     assert rows["ct129"]["current"] == by_host(doc)["ct129"]["target_release"]
     for h in ("ct130", "ct131"):
-        assert rows[h]["current"] == rows[h]["known_good"] == by_host(doc)[h]["release"]
-        assert rows[h]["last"].startswith(f"rollback {rows[h]['known_good']} healthy")
+        target = rows[h]["rollback_target"]
+        assert rows[h]["current"] == target["release_id"] == by_host(doc)[h]["release"]
+        assert target["mode"] == "nextn" and rows[h]["last_change"]["outcome"] == "passed"
+        assert rows[h]["last"].startswith(f"rollback {target['release_id']} passed")
     rc, smoke, err = tool(fleet, "smoke", "a6000", "--json", "--lock-file", "/tmp/ddtree-fleet-test-smoke.lock",
                           "--state-dir", "/tmp/ddtree-fleet-test-smoke")
     assert rc == 0 and [h["host"] for h in smoke["hosts"]] == ["ct129", "ct130", "ct131"], err

@@ -170,7 +170,7 @@ def test_two_node_service_deploys_as_one(lab6: Any) -> None:
     assert " TP1] Load weight end." in j1
     hist = service_state(lab6)
     row = next(r for r in hist["releases"] if r["release_id"] == doc["release_id"])
-    assert all("known-good" in row["per_node"][h] for h in NODES)
+    assert all("rollback-target" in row["per_node"][h] for h in NODES)
 
 
 def test_rendezvous_unreachable_from_one_node_is_refused_before_any_change(lab6: Any) -> None:

@@ -169,8 +169,8 @@ class FakeHost:
                 return self.text(f"{lock}/info.json") or "", 1
             self.files[f"{lock}/info.json"] = stdin
             return "", 0
-        if "for d in releases/*/" in script:  # releases.history
-            return self._history(args[0]), 0
+        if "for d in releases/*/" in script:  # releases.read_state
+            return self._state(args[0], int(args[1])), 0
         if '"$1" -c "$2" 2>/dev/null || python3 -c "$2"' in script:  # gpu.snapshot
             if self.interrupt == "preflight":
                 self.interrupt = ""
@@ -239,12 +239,16 @@ class FakeHost:
             self.journal.append((u.invocation, "The server is fired up and ready to roll!"))
             u.active, u.sub, u.ready = "active", "running", True
 
-    def _history(self, root: str) -> str:
+    def _state(self, root: str, audit_lines: int) -> str:
+        """releases.read_state: every meta.json, then current, known-good, pending.json, attempts.jsonl
+        and the audit log's tail, separated by \\x1d."""
         metas = [v.decode() for k, v in sorted(self.files.items())
                  if k.startswith(f"{root}/releases/") and k.endswith("/meta.json")]
-        return ("".join(f"{m}\n\x1e\n" for m in metas)
-                + f"\x1d{(self.text(root + '/known-good') or '').strip()}\x1d{(self.text(root + '/current') or '').strip()}\x1d"
-                + (self.text(f"{root}/pending.json") or "") + "\x1d" + (self.text(f"{root}/audit.log") or ""))
+        audit = (self.text(f"{root}/audit.log") or "").splitlines(keepends=True)
+        return ("".join(f"{m}\n\x1e\n" for m in metas) + "\x1d"
+                + "\x1d".join(self.text(f"{root}/{f}") or "" for f in ("current", "known-good", "pending.json",
+                                                                      "attempts.jsonl"))
+                + "\x1d" + "".join(audit[-audit_lines:] if audit_lines else []))
 
 
 class Watch:
@@ -279,7 +283,13 @@ def factory(hosts: dict[str, FakeHost]) -> Callable[[Profile], FakeHost]:
     return lambda p: hosts[p.name]
 
 
-def records(host: FakeHost, root: str = "/var/lib/ddtree-ops/sglang") -> dict[str, str | None]:
-    """The release records on the host: known-good, current, pending (what `history` reads)."""
-    return {k: (host.text(f"{root}/{f}") or "").strip() or None
-            for k, f in (("known_good", "known-good"), ("current", "current"), ("pending", "pending.json"))}
+def records(host: FakeHost, root: str = "/var/lib/ddtree-ops/sglang") -> dict[str, Any]:
+    """The records on the host as `history` reads them: current, pending, the attempts, and the
+    release the profile's default policy rolls back to (the last NEXTN release that passed)."""
+    from ddtree_ops.attempts import rollback_target
+    from ddtree_ops.releases import parse_state
+
+    state = parse_state(host._state(root, 50))
+    target = rollback_target(state.attempts, policy="known-good-mode", known_good_mode="nextn")
+    return {"known_good": target.release_id if target else None, "current": state.current,
+            "pending": (host.text(f"{root}/pending.json") or "").strip() or None, "attempts": state.attempts}

@@ -32,13 +32,13 @@ MAX_LINES = 1000
 # (The first matching prefix wins; names are relative to ddtree_ops.)
 FLOORS: list[tuple[str, int]] = [
     ("cli", 4), ("__main__", 4),
-    ("fleet", 3), ("fleet_plan", 3), ("deploy", 3), ("service", 3), ("service_nodes", 3),
+    ("fleet", 3), ("fleet_plan", 3), ("deploy", 3), ("promote", 3), ("service", 3), ("service_nodes", 3),
     ("service_preflight", 3), ("transaction", 3), ("lab", 3),
-    ("preflight", 2), ("hostsglang", 2), ("gate", 2), ("lock", 2), ("releases", 2), ("observe", 2), ("render", 2), ("wheel", 2),
+    ("preflight", 2), ("hostsglang", 2), ("hostfacts", 2), ("profilegen", 2), ("gate", 2), ("lock", 2), ("releases", 2), ("plan", 2), ("observe", 2), ("render", 2), ("wheel", 2),
     ("smoke", 2), ("diagnose", 2), ("schedule", 2),
     ("transport", 1), ("ssh", 1), ("local", 1), ("host", 1),
     ("profile", 0), ("config", 0), ("remote", 0), ("output", 0), ("status", 0), ("errors", 0), ("memory", 0),
-    ("gpu", 0), ("draftcheck", 0), ("engine", 0), ("", 0),
+    ("gpu", 0), ("draftcheck", 0), ("launchline", 0), ("engine", 0), ("", 0),
 ]
 
 # ONE allow-list, for what other branches are changing while this one lands (issue 24's diagnose

@@ -29,7 +29,8 @@ HOST = "ct129"
 UNIT = "/etc/systemd/system/sglang.service"
 # every deploy or rollback document carries these (DESIGN.md "Contracts"; cli/_show renders them)
 FIELDS = {"schema_version", "command", "host", "mode", "release_id", "result", "exit_code", "reason", "known_good",
-          "preflight", "gate", "rollback_gate", "diagnosis", "evidence", "timings_s", "ssh_round_trips", "events"}
+          "attempt", "plan", "preflight", "gate", "rollback_gate", "diagnosis", "evidence", "timings_s",
+          "ssh_round_trips", "events"}
 
 
 @pytest.fixture(autouse=True)
@@ -80,8 +81,9 @@ def deploy(cli: Any, mode: str, *extra: str) -> tuple[int, Any, str]:
 
 
 def rollback(cli: Any, *extra: str) -> tuple[int, dict[str, Any], str]:
-    rc, doc, err = cli("rollback", HOST, "--json", *extra)
+    rc, doc, err = cli("rollback", HOST, "--json", "--yes", *extra)
     assert doc["schema_version"] == 1 and doc["command"] == "rollback" and len(doc["hosts"]) == 1, doc
+    assert doc["exit_code"] == rc
     return rc, doc["hosts"][0], err
 
 
@@ -93,6 +95,7 @@ def contract(doc: dict[str, Any], rc: int, result: str) -> None:
     """The document's shape, and its exit code the process's (a rollback's host entry sits in a
     document whose schema_version `rollback()` checked)."""
     fields = FIELDS - {"schema_version"} if doc.get("command") == "rollback" else FIELDS
+    assert doc["command"] in ("deploy", "rollback")
     assert fields <= set(doc), fields - set(doc)
     assert doc.get("schema_version", 1) == 1
     assert (rc, doc["exit_code"], doc["result"]) == (rc, rc, result), (doc["result"], doc["reason"])
@@ -101,16 +104,23 @@ def contract(doc: dict[str, Any], rc: int, result: str) -> None:
 # ------------------------------------------------------------------ deploy
 
 
-def test_a_deploy_that_passes_exits_0_and_its_release_becomes_known_good(
+def test_a_deploy_that_passes_exits_0_and_the_rollback_target_stays_the_nextn_baseline(
         cli: Any, host: FakeHost, profile: Profile) -> None:
     rc, doc, _ = deploy(cli, "dflash")
     contract(doc, rc, "ok")
     assert rc == 0
     rid = release_of(profile, "dflash")
     assert (doc["command"], doc["host"], doc["mode"], doc["release_id"]) == ("deploy", HOST, "dflash", rid)
-    assert doc["known_good"] == rid and doc["gate"]["passed"] is True and doc["rollback_gate"] is None
+    assert doc["gate"]["passed"] is True and doc["rollback_gate"] is None
     assert doc["preflight"]["ok"] is True and doc["diagnosis"] is None
-    assert records(host) == {"known_good": rid, "current": rid, "pending": None}
+    # an experimental release that passed its gate is recorded as passed, but what a failure (or
+    # `rollback`) returns to stays the NEXTN release that passed: the adopted baseline
+    rec = records(host)
+    assert rec["current"] == rid and rec["pending"] is None
+    assert rec["known_good"] == doc["known_good"] and rec["known_good"].startswith("baseline-")
+    assert [(a.action, a.release_id, a.outcome) for a in rec["attempts"]] == [
+        ("adopt", rec["known_good"], "adopted"), ("deploy", rid, "passed")]
+    assert rec["attempts"][-1].id == doc["attempt"] and rec["attempts"][-1].mode_source == "--mode"
     assert host.text(UNIT) == render(profile, "dflash").unit_text
 
 
@@ -127,7 +137,11 @@ def test_a_deploy_whose_gate_fails_is_rolled_back_and_exits_1_healthy_on_known_g
     assert any("libcuda.so.1" in line for line in doc["evidence"])
     assert "which is healthy again" in doc["reason"]
     # the host serves the known-good unit again, recorded as current, with nothing pending
-    assert records(host) == {"known_good": baseline, "current": baseline, "pending": None}
+    rec = records(host)
+    assert (rec["known_good"], rec["current"], rec["pending"]) == (baseline, baseline, None)
+    assert [(a.action, a.outcome) for a in rec["attempts"]] == [("adopt", "adopted"), ("deploy", "failed"),
+                                                                 ("rollback", "passed")]
+    assert "cuda" in rec["attempts"][1].cause.lower() or "libcuda" in rec["attempts"][1].cause
     assert host.text(UNIT) == render(profile, "nextn").unit_text and host.unit.running
     assert "rolling back to" in err
 
@@ -164,7 +178,8 @@ def test_a_deploy_refused_by_a_held_lock_exits_3_and_changes_nothing(
                                    "command": "deploy ct129 --mode dflash", "control_host": "ops1"}).encode()
     before = dict(host.files)
     rc, doc, err = deploy(cli, "dflash")
-    assert (rc, doc) == (3, None)  # refused before the transaction began: no document
+    # refused before the transaction began: the error's own document, with the contract's keys
+    assert rc == 3 and (doc["command"], doc["exit_code"], doc["schema_version"]) == ("deploy", 3, 1)
     assert "deploy lock held by alice@ops1 (pid 4242)" in err and "--lock-wait" in err
     assert host.changed_files(before) == [] and host.starts == 1
 
@@ -177,7 +192,10 @@ def test_ctrl_c_while_the_new_release_is_gated_rolls_back_and_exits_1(
     assert rc == 1
     assert doc["reason"].startswith("interrupted (Ctrl-C) after the unit was changed")
     assert doc["rollback_gate"]["passed"] is True
-    assert records(host)["pending"] is None and host.unit.running
+    rec = records(host)
+    assert rec["pending"] is None and host.unit.running
+    assert [(a.action, a.outcome) for a in rec["attempts"]][-2:] == [("deploy", "interrupted"), ("rollback", "passed")]
+    assert "interrupted" in host.text("/var/lib/ddtree-ops/sglang/audit.log").lower()
     assert "rolling back to the known-good release" in err
 
 
@@ -195,7 +213,7 @@ def test_ctrl_c_before_any_change_exits_130_and_changes_nothing(
 def test_a_deploy_cut_off_mid_change_is_finished_by_the_next_one(
         cli: Any, host: FakeHost, profile: Profile) -> None:
     """A deploy that died after installing its release (its pending record left on the host) is
-    resolved first by the next deploy: gated, and made known-good when it passes."""
+    resolved first by the next deploy: its attempt ends interrupted, and a resume attempt gates it."""
     assert deploy(cli, "nextn", "--force-restart")[0] == 0  # records the baseline as known-good
     rid = release_of(profile, "dflash")
     r = render(profile, "dflash")
@@ -204,13 +222,20 @@ def test_a_deploy_cut_off_mid_change_is_finished_by_the_next_one(
     host.files[f"{root}/releases/{rid}/unit"], host.files[f"{root}/releases/{rid}/env"] = (
         r.unit_text.encode(), r.env_text.encode())
     host.files[f"{root}/releases/{rid}/meta.json"] = json.dumps({"release_id": rid, "mode": "dflash"}).encode()
+    host.files[f"{root}/attempts.jsonl"] += (json.dumps(
+        {"event": "start", "attempt": "a-cut", "action": "deploy", "release_id": rid, "mode": "dflash",
+         "by": "bob@ops1", "at": "2026-12-01T10:00:00Z"}) + "\n").encode()
     host.files[f"{root}/pending.json"] = json.dumps({"release_id": rid, "action": "deploy", "by": "bob@ops1",
-                                                    "pid": 7, "started_at": "2026-12-01T10:00:00Z"}).encode()
+                                                    "attempt": "a-cut", "pid": 7,
+                                                    "started_at": "2026-12-01T10:00:00Z"}).encode()
     rc, doc, err = deploy(cli, "dflash")
-    contract(doc, rc, "no-change")
     assert rc == 0 and "did not finish" in err
     assert doc["events"] == [f"finished the interrupted deploy: {rid} passed the gate"]
-    assert records(host) == {"known_good": rid, "current": rid, "pending": None}
+    rec = records(host)
+    assert (rec["current"], rec["pending"]) == (rid, None)
+    by_id = {a.id: a for a in rec["attempts"]}
+    assert by_id["a-cut"].outcome == "interrupted"
+    assert [(a.action, a.release_id, a.outcome) for a in rec["attempts"]][-1] == ("resume", rid, "passed")
 
 
 # ------------------------------------------------------------------ rollback
@@ -223,18 +248,19 @@ def test_a_rollback_that_passes_exits_0_on_the_known_good_release(
     rc, doc, _ = rollback(cli, "--to", baseline)
     contract(doc, rc, "ok")
     assert rc == 0 and doc["release_id"] == baseline and doc["mode"] == "nextn" and doc["gate"]["passed"] is True
-    assert records(host) == {"known_good": baseline, "current": baseline, "pending": None}
+    rec = records(host)
+    assert (rec["known_good"], rec["current"], rec["pending"]) == (baseline, baseline, None)
     assert host.text(UNIT) == render(profile, "nextn").unit_text
 
 
 def test_a_rollback_that_fails_its_gate_exits_2_degraded(cli: Any, host: FakeHost) -> None:
     deploy(cli, "dflash")
-    host.broken = {"dflash"}  # the known-good release's next start fails
+    host.broken = {"nextn"}  # the rollback target (the NEXTN baseline) fails its next start
     rc, doc, _ = rollback(cli)
     contract(doc, rc, "degraded")
     assert rc == 2
     assert doc["gate"]["passed"] is False and doc["diagnosis"]["root_cause"]["label"] == "cuda_lib_load"
-    assert doc["reason"].startswith("rollback to dflash-")
+    assert doc["reason"].startswith("rollback to baseline-")
 
 
 def test_a_rollback_with_nothing_to_return_to_is_refused_with_exit_3(
@@ -242,7 +268,7 @@ def test_a_rollback_with_nothing_to_return_to_is_refused_with_exit_3(
     before = dict(host.files)
     rc, doc, _ = rollback(cli)
     contract(doc, rc, "refused")
-    assert rc == 3 and "no known-good release recorded" in doc["reason"]
+    assert rc == 3 and "no release has passed on this host" in doc["reason"]
     assert host.changed_files(before) == [] and host.starts == 1
 
 
@@ -253,3 +279,58 @@ def test_the_human_output_names_the_outcome_on_stderr_and_keeps_stdout_empty(
     assert (rc, doc) == (2, None)
     assert "DEGRADED ct129 dflash:" in err and "ct129 IS DEGRADED:" in err
     assert "root cause: cuda_lib_load" in err
+
+
+# ------------------------------------------------------------------ a refusal changes nothing
+
+
+@pytest.mark.parametrize("setup, args, why", [
+    (None, ("deploy", HOST, "--json"), "pass --yes"),  # off a terminal: the first contact adopts nothing
+    ("flags", ("deploy", HOST, "--yes", "--json"), "preflight"),
+    ("lock", ("deploy", HOST, "--yes", "--json"), "deploy lock held"),
+    (None, ("deploy", HOST, "--dry-run", "--json"), "dry run"),
+    (None, ("rollback", HOST, "--yes", "--json"), "no release has passed"),
+    ("passed", ("rollback", HOST, "--json"), "pass --yes"),  # a rollback asks as a deploy does
+    ("passed", ("rollback", HOST, "--dry-run", "--json"), "dry run"),
+    ("passed", ("deploy", HOST, "--mode", "nextn", "--json"), "pass --yes"),
+    ("legacy", ("deploy", HOST, "--json"), "pass --yes"),  # older records are migrated only by a change
+])
+def test_every_refusal_leaves_the_hosts_files_byte_identical(cli: Any, host: FakeHost, setup: str | None,
+                                                             args: tuple[str, ...], why: str) -> None:
+    root = "/var/lib/ddtree-ops/sglang"
+    if setup == "flags":
+        host.flags_refused = "launch_server.py: error: unrecognized arguments: --bogus"
+    elif setup == "lock":
+        host.files[f"{root}/lock/info.json"] = json.dumps({"by": "alice@ops1", "pid": 4242, "since": "x",
+                                                          "command": "deploy", "control_host": "ops1"}).encode()
+    elif setup == "passed":
+        assert deploy(cli, "dflash")[0] == 0
+    elif setup == "legacy":  # what ddtree-ops wrote before attempts: a status in meta.json, a known-good marker
+        host.files[f"{root}/releases/baseline-0/meta.json"] = json.dumps(
+            {"release_id": "baseline-0", "mode": "nextn", "status": "good", "created_at": "2026-11-30T00:00:00Z"}
+        ).encode()
+        host.files[f"{root}/known-good"] = b"baseline-0\n"
+    before, starts = dict(host.files), host.starts
+    rc, doc, err = cli(*args)
+    expect = 0 if "--dry-run" in args else 3
+    assert rc == expect and doc["exit_code"] == rc, err[-1500:]
+    assert why in err + json.dumps(doc), err[-1500:]
+    assert host.changed_files(before) == [] and host.starts == starts  # not a byte written, nothing restarted
+
+
+def test_older_records_are_read_as_attempts_and_written_with_the_first_change(
+        cli: Any, host: FakeHost, profile: Profile) -> None:
+    root = "/var/lib/ddtree-ops/sglang"
+    r = render(profile, "nextn")  # what runs is the NEXTN release the older version recorded as good
+    for name, data in (("unit", r.unit_text), ("env", r.env_text), ("meta.json", json.dumps(
+            {"release_id": r.release_id, "mode": "nextn", "status": "good", "created_at": "2026-11-30T00:00:00Z"}))):
+        host.files[f"{root}/releases/{r.release_id}/{name}"] = data.encode()
+    host.files[f"{root}/known-good"] = (r.release_id + "\n").encode()
+    host.files[f"{root}/current"] = (r.release_id + "\n").encode()
+    host.broken = {"dflash"}
+    rc, doc, _ = deploy(cli, "dflash")
+    assert rc == 1 and doc["known_good"] == r.release_id  # the migrated NEXTN release is the rollback target
+    rec = records(host)
+    assert [(a.action, a.release_id, a.outcome, a.migrated) for a in rec["attempts"]][:1] == [
+        ("deploy", r.release_id, "passed", True)]
+    assert host.text(f"{root}/known-good") == r.release_id + "\n"  # the old files stay as they were

@@ -72,16 +72,6 @@ def test_exit_code_of_a_fleet() -> None:
     assert exit_code(["dry-run", "dry-run"]) == 0
 
 
-def test_last_result_reads_the_audit_log() -> None:
-    audit = ["2026-12-01T10:00:00Z root@x deploy ct129 release=dflash-abc mode=dflash start",
-             "2026-12-01T10:00:09Z root@x deploy ct129 release=dflash-abc result=FAILED 'gate failed: ...'",
-             "2026-12-01T10:00:19Z root@x rollback ct129 release=baseline-1 result=healthy",
-             "2026-12-01T10:01:00Z root@x lock-release ct129 (was held by ...)"]
-    assert fleet.last_result(audit) == "rollback baseline-1 healthy (2026-12-01T10:00:19Z)"
-    assert fleet.last_result(audit[:2]) == "deploy dflash-abc FAILED (2026-12-01T10:00:09Z)"
-    assert fleet.last_result([]) == ""
-
-
 # ------------------------------------------------------------------ the orchestration, scripted
 
 
@@ -119,7 +109,7 @@ class Script:
 
 @contextmanager
 def scripted(monkeypatch: pytest.MonkeyPatch, script: Script, refused: dict[str, str] | None = None) -> Iterator[None]:
-    def check(t: fleet.Target, mode: str, connect: Any) -> fleet.Checked:
+    def check(t: fleet.Target, connect: Any) -> fleet.Checked:
         why = (refused or {}).get(t.name)
         return fleet.Checked(t.name, why is None, why or "", current="kg", known_good="kg", change="install")
 
@@ -283,8 +273,12 @@ def test_the_json_document_has_one_entry_per_host(monkeypatch: pytest.MonkeyPatc
     assert (h3["result"], h3["exit_code"], h3["wave"], h3["release"]) == ("rolled-back", 1, 1, "kg")
     assert h3["deploy"]["result"] == "rolled-back" and h3["root_cause"]["label"] == "cuda_lib_load"
     lines = fleet.summary_lines(out)
-    assert lines[0].split() == ["HOST", "WAVE", "RESULT", "TIME", "RELEASE", "CAUSE"] and len(lines) == 7
+    assert lines[0].split() == ["HOST", "WAVE", "RESULT", "TIME", "SERVING", "CAUSE"] and len(lines) == 7
     assert lines[1].split()[:3] == ["h1", "canary", "ok"]
+    # each column holds what its name says: a host on the new release serves it and has no cause;
+    # a rolled-back one serves its known-good release and names why
+    assert lines[1].split()[4:] == ["dflash-h1", "-"]
+    assert lines[3].split()[4] == "kg" and "cuda_lib_load; rolled back" in lines[3]
 
 
 def test_fifty_hosts_one_line_each_and_causes_grouped(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -303,3 +297,23 @@ def test_fifty_hosts_one_line_each_and_causes_grouped(monkeypatch: pytest.Monkey
     assert fleet.causes(out.hosts) == [("cuda_lib_load", ["g07", "g08", "g09"], "fix LD_LIBRARY_PATH")]
     assert out.stopped is None  # 3 failures of 50: within the 10% budget (5)
     assert out.to_json()["counts"] == {"ok": 47, "rolled-back": 3}
+
+
+def test_a_wave_off_a_terminal_says_where_each_running_host_is_every_interval(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from ddtree_ops import output
+
+    def work(name: str) -> None:
+        with output.captured(name, echo=False):
+            for i in range(5):
+                output.status(f"dflash {i}s of 900s: starting, waiting for /health_generate")
+                time.sleep(0.1)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in ("a1", "b1")]
+    for th in threads:
+        th.start()
+    fleet.watch_wave(threads, ["a1", "b1"], every_s=0.15)
+    err = capsys.readouterr().err
+    progress = [ln for ln in err.splitlines() if ln.strip().startswith("...")]
+    assert progress, err
+    assert all("a1: dflash" in ln and "b1: dflash" in ln and "of 900s" in ln for ln in progress[:1])

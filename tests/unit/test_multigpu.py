@@ -314,15 +314,16 @@ def test_history_merges_every_node_under_one_release_row() -> None:
     from ddtree_ops.releases import ReleaseInfo
     from ddtree_ops.service_nodes import merge_history
 
-    def rel(rid: str, status: str, at: str, kg: bool = False, cur: bool = False) -> ReleaseInfo:
-        return ReleaseInfo(release_id=rid, mode="nextn", status=status, created_at=at, by="t", known_good=kg,
-                           current=cur)
+    def rel(rid: str, passed: bool, last: str, at: str, kg: bool = False, cur: bool = False) -> ReleaseInfo:
+        return ReleaseInfo(release_id=rid, mode="nextn", created_at=at, by="t", passed=passed, last=last, attempts=1,
+                           current=cur, target=kg, kept=True)
 
-    rows = merge_history(["a", "b"], [([rel("r1", "good", "1", True, True), rel("r2", "failed", "2")], None, []),
-                                      ([rel("r1", "good", "1", True, True)], None, [])])
+    rows = merge_history(["a", "b"], [([rel("r1", True, "passed", "1", True, True),
+                                        rel("r2", False, "failed", "2")], None, []),
+                                      ([rel("r1", True, "passed", "1", True, True)], None, [])])
     assert [r.release_id for r in rows] == ["r2", "r1"]
     assert rows[0].per_node == {"a": "failed", "b": "-"}
-    assert rows[1].per_node == {"a": "good known-good current", "b": "good known-good current"}
+    assert rows[1].per_node == {"a": "passed current rollback-target", "b": "passed current rollback-target"}
 
 
 def test_the_rank_of_a_traceback_is_its_records_prefix() -> None:

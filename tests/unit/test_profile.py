@@ -127,3 +127,27 @@ def test_profile_show_redacts_secrets(tmp_path: Path, profiles: Path, capsys: py
     assert "hf_supersecret" not in out.out + out.err
     assert "hunter2" not in out.out + out.err
     assert "HF_TOKEN: <env reference, redacted>" in out.out
+
+
+def test_profile_show_and_the_unit_header_name_their_two_hashes_alike(
+        profiles: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One name per hash: `profile_sha256` is the whole resolved profile's, `inputs_sha256` the keys a
+    mode's unit is rendered from, printed by `profile show` and written in the unit header alike."""
+    import json
+
+    from ddtree_ops.render import render
+
+    with pytest.raises(SystemExit):
+        main(["profile", "show", "ct129", "--profiles", str(profiles), "--json"])
+    doc = json.loads(capsys.readouterr().out)["profile"]
+    p = load_profile("ct129", directory=profiles)
+    assert doc["profile_sha256"] == p.sha256()
+    for mode in p.configured_modes():
+        header = render(p, mode).unit_text.splitlines()[0]
+        assert f" inputs_sha256={doc['inputs_sha256'][mode]} " in header
+        assert "profile_sha256" not in header
+    # a gate setting is part of the profile, not of any unit
+    with pytest.raises(SystemExit):
+        main(["profile", "show", "ct129", "--profiles", str(profiles), "--json", "--set", "gate.stay_healthy_s=5"])
+    changed = json.loads(capsys.readouterr().out)["profile"]
+    assert changed["profile_sha256"] != doc["profile_sha256"] and changed["inputs_sha256"] == doc["inputs_sha256"]

@@ -42,7 +42,7 @@ def test_unit_has_the_operational_settings() -> None:
                  "SyslogIdentifier=sglang", "Type=exec", f"EnvironmentFile={r.env_path}"):
         assert line in unit.splitlines()
     assert "PrivateDevices" not in unit.replace("No PrivateDevices=", "")
-    assert unit.startswith(f"# ddtree-ops release={r.release_id} profile_sha256=")
+    assert unit.startswith(f"# ddtree-ops release={r.release_id} inputs_sha256=")
     assert "SGLANG_PLUGINS=ddtree" in r.env_text and "DDTREE_BUDGET=64" in r.env_text
     assert r.argv[r.argv.index("--speculative-algorithm") + 1] == "DDTREE"
 
