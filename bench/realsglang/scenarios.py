@@ -238,3 +238,42 @@ def truth_scenarios(pair: str, block: int, budget: int, cost_env: dict[str, str]
         Scenario("dflash_temp", "DFLASH on the trained pair, temperature", "dflash", "healthy", sets=sets("dflash")),
         ddtree("ddtree_s100_temp", 1.0, "DDTREE shadow on the trained pair, share 1.0, temperature"),
     ]
+
+
+# the lossless set runs in float32: a greedy choice is then decided by the model, not by which kernel
+# shape rounded a near-tie (the speed arms serve the pair as it was saved, bfloat16)
+FP32 = ("memory.dtype=float32",)
+
+
+def tree_scenarios(pair: str, block: int, budget: int, context: int = 2048, report_every: int = 50,
+                   chain_share: float = 0.05) -> list[Scenario]:
+    """Issue 33 on a trained pair: the target alone, DFLASH and DDTREE tree serving in float32 (the
+    lossless set), and the same three plus a DFLASH twin (the A/A control) and DDTREE shadow at share 1.0
+    in the pair's bfloat16 (the speed arms, and a second lossless set as served)."""
+    def sets(mode: str) -> tuple[str, ...]:
+        return (f"service.model_path={pair}/target", f"modes.{mode}.draft_model_path={pair}/draft",
+                f"modes.{mode}.block_size={block}", "memory.mem_fraction_static=0.85", "memory.cuda_graph=true",
+                "memory.cuda_graph_max_bs=32", "memory.max_running_requests=32", f"memory.context_length={context}")
+
+    shadow = (*sets("ddtree-shadow"), f"modes.ddtree-shadow.budget={budget}", "modes.ddtree-shadow.shadow.share=1.0",
+              f"modes.ddtree-shadow.shadow.report_every={report_every}")
+    tree = (*shadow, f"modes.ddtree.tree.chain_share={chain_share}", f"modes.ddtree.tree.report_every={report_every}")
+    quiet = {"DDTREE_SHADOW_WARN_AFTER": "1000000"}
+
+    def target(name: str, dtype: tuple[str, ...], about: str) -> Scenario:
+        return Scenario(name, about, "dflash", "healthy", sets=(*sets("dflash"), *dtype), plain=True)
+
+    return [
+        target("target32", FP32, "the target alone (no speculation), float32: the greedy reference"),
+        Scenario("dflash32", "DFLASH on the pair, float32", "dflash", "healthy", sets=(*sets("dflash"), *FP32)),
+        Scenario("tree32", "DDTREE tree serving on the pair, float32", "ddtree", "healthy", sets=(*tree, *FP32),
+                 env=quiet),
+        target("target", (), "the target alone (no speculation), bfloat16"),
+        Scenario("dflash", "DFLASH on the pair (speed arm)", "dflash", "healthy", sets=sets("dflash")),
+        Scenario("dflash_twin", "DFLASH on the pair, a second server (the A/A control)", "dflash", "healthy",
+                 sets=sets("dflash")),
+        Scenario("ddtree_shadow", "DDTREE shadow at share 1.0 on the pair (speed arm, the prediction)", "ddtree-shadow",
+                 "healthy", sets=shadow, env=quiet),
+        Scenario("ddtree_tree", "DDTREE tree serving on the pair (speed arm)", "ddtree", "healthy", sets=tree,
+                 env=quiet),
+    ]

@@ -83,6 +83,8 @@ class _TreeState:
         self.backend, why = find_backend(sglang_version())
         if self.backend is None:
             problems.append(f"DDTREE_MODE=tree: {why}")
+        elif hasattr(self.backend, "problems"):     # what the release's backend cannot serve, said at start
+            problems += [f"DDTREE_MODE=tree: {p}" for p in self.backend.problems(worker)]
         if problems:        # the validator refused these at launch: never serve a tree it did not allow
             raise RuntimeError("DDTREE tree worker refused to start:\n  - " + "\n  - ".join(problems))
         block = int(getattr(worker, "block_size", 16) or 16)
@@ -215,7 +217,7 @@ class TreeWorkerMixin:
             if seconds is not None:
                 st.acct.add_cost("chain", bs or _rows_of(result), seconds)
             return result
-        rnd = st.backend.tree_round(self, batch, st.build)
+        rnd = st.backend.tree_round(self, batch, st.build, **kwargs)     # on_publish: the overlap scheduler's
         st.account(rnd, reqs, len(rnd.trees))
         return rnd.result
 
