@@ -54,7 +54,7 @@ def outputs(host: Any, port: int, prompts: list[list[int]], max_new: int, batch:
 
     def one(p: list[int]) -> list[int]:
         resp = host.http("POST", port, "/generate", body={"input_ids": p, "sampling_params": dict(params)},
-                         timeout=300.0)
+                         timeout=60.0)
         return [int(t) for t in json.loads(resp.body)["output_ids"]]
 
     out: list[list[int]] = []
@@ -124,15 +124,22 @@ def lossless(host: Any, live: dict[str, Any], prompts: list[list[int]], max_new:
 
 
 def speed_rep(host: Any, live: dict[str, Any], prompts: list[list[int]], batches: list[int], tokens: int,
-              rep: int, table: dict[str, dict[str, list[float]]]) -> None:
+              rep: int, table: dict[str, dict[str, list[float]]], failed: dict[str, str]) -> None:
     names = [n for n in SPEED if n in live]
     for b in batches:
         shift = rep % len(names) if names else 0
         for name in names[shift:] + names[:shift]:
-            metas, wall = arms.generate(host, live[name].port,
-                                        [{"input_ids": p, "sampling_params": {"temperature": 0.0, "max_new_tokens": tokens,
-                                                                              "ignore_eos": True}}
-                                         for p in prompts[:b]])
+            if name in failed:
+                continue
+            body = {"temperature": 0.0, "max_new_tokens": tokens, "ignore_eos": True}
+            try:
+                metas, wall = arms.generate(host, live[name].port,
+                                            [{"input_ids": p, "sampling_params": dict(body)} for p in prompts[:b]],
+                                            timeout=60.0)
+            except Exception as exc:          # noqa: BLE001 - a dead or stuck arm must not stop the others
+                failed[name] = f"rep {rep}, batch {b}: {type(exc).__name__}: {exc}"
+                arms.say(f"SPEED {name} failed: {failed[name]}")
+                continue
             done = sum(int(m.get("completion_tokens", 0)) for m in metas)
             table.setdefault(name, {}).setdefault(str(b), []).append(round(done / wall, 2))
     arms.say(f"SPEED rep {rep}: " + json.dumps({n: {b: v[-1] for b, v in t.items()} for n, t in table.items()}))
@@ -256,9 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     loss: dict[str, Any] = {}
     speed: dict[str, dict[str, list[float]]] = {}
     figs: dict[str, Any] = {}
+    failed: dict[str, str] = {}
 
     def save() -> None:
-        arms.write_json(args.out / "tree_serving.json", assemble(args, info, pair_meta, loss, speed, figs))
+        doc = assemble(args, info, pair_meta, loss, speed, figs)
+        doc["failed"] = failed
+        doc["gates"] = {s.sc.name: s.result.get("gate") for s in servers}
+        arms.write_json(args.out / "tree_serving.json", doc)
 
     try:
         arms.wait_ready(servers, host, args.ready_s)
@@ -267,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         save()
         rep = 0
         while rep < args.max_reps and arms.elapsed() < args.budget_s - 40:
-            speed_rep(host, {n: s for n, s in live.items() if s.alive()}, prompts, args.batches, args.tokens, rep, speed)
+            speed_rep(host, {n: s for n, s in live.items() if s.alive()}, prompts, args.batches, args.tokens, rep, speed,
+                      failed)
             rep += 1
             save()
         figs.update(figures(host, {n: s for n, s in live.items() if s.alive()}))
