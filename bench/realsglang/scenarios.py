@@ -43,6 +43,7 @@ class Scenario:
     cli_smoke: bool = False             # also run `ddtree-ops smoke h200 --json` against it
     plain: bool = False                 # memory probes: the rendered argv without its --speculative-* flags
     refuse_key: str = ""                # refusals: the profile key preflight's refusal must name
+    args: tuple[str, ...] = ()          # flags the profile does not model, appended (tree.py's lossless set)
 
 
 def _8b(mfs: float, model: str = "qwen3-8b") -> tuple[str, ...]:
@@ -240,16 +241,20 @@ def truth_scenarios(pair: str, block: int, budget: int, cost_env: dict[str, str]
     ]
 
 
-# the lossless set runs in float32: a greedy choice is then decided by the model, not by which kernel
-# shape rounded a near-tie (the speed arms serve the pair as it was saved, bfloat16)
-FP32 = ("memory.dtype=float32",)
+# The lossless set: float16 activations and float32 logits (`--enable-fp32-lm-head`). In bfloat16 the
+# logits of this weak pair tie exactly (one bfloat16 step is 1/32 at |logit| 4-8), and which of two
+# equal logits a kernel's argmax returns is not decided by the model (run 1 of issue 33: every
+# divergence of the target, DFLASH and the tree was at a top-2 gap of 0 or one step); float32 activations
+# are refused by sgl-kernel's rmsnorm in 0.5.17 ("failed to dispatch data type Float", the same run).
+FP16 = ("memory.dtype=float16",)
+FP32_LOGITS = ("--enable-fp32-lm-head",)
 
 
 def tree_scenarios(pair: str, block: int, budget: int, context: int = 2048, report_every: int = 50,
                    chain_share: float = 0.05) -> list[Scenario]:
-    """Issue 33 on a trained pair: the target alone, DFLASH and DDTREE tree serving in float32 (the
-    lossless set), and the same three plus a DFLASH twin (the A/A control) and DDTREE shadow at share 1.0
-    in the pair's bfloat16 (the speed arms, and a second lossless set as served)."""
+    """Issue 33 on a trained pair: the target alone, DFLASH and DDTREE tree serving in float16 with
+    float32 logits (the lossless set), and the same three plus a DFLASH twin (the A/A control) and
+    DDTREE shadow at share 1.0 in the pair's bfloat16 (the speed arms, and a second lossless set as served)."""
     def sets(mode: str) -> tuple[str, ...]:
         return (f"service.model_path={pair}/target", f"modes.{mode}.draft_model_path={pair}/draft",
                 f"modes.{mode}.block_size={block}", "memory.mem_fraction_static=0.85", "memory.cuda_graph=true",
@@ -260,15 +265,16 @@ def tree_scenarios(pair: str, block: int, budget: int, context: int = 2048, repo
     tree = (*shadow, f"modes.ddtree.tree.chain_share={chain_share}", f"modes.ddtree.tree.report_every={report_every}")
     quiet = {"DDTREE_SHADOW_WARN_AFTER": "1000000"}
 
-    def target(name: str, dtype: tuple[str, ...], about: str) -> Scenario:
-        return Scenario(name, about, "dflash", "healthy", sets=(*sets("dflash"), *dtype), plain=True)
+    def target(name: str, extra: tuple[str, ...], args: tuple[str, ...], about: str) -> Scenario:
+        return Scenario(name, about, "dflash", "healthy", sets=(*sets("dflash"), *extra), plain=True, args=args)
 
     return [
-        target("target32", FP32, "the target alone (no speculation), float32: the greedy reference"),
-        Scenario("dflash32", "DFLASH on the pair, float32", "dflash", "healthy", sets=(*sets("dflash"), *FP32)),
-        Scenario("tree32", "DDTREE tree serving on the pair, float32", "ddtree", "healthy", sets=(*tree, *FP32),
-                 env=quiet),
-        target("target", (), "the target alone (no speculation), bfloat16"),
+        target("target16", FP16, FP32_LOGITS, "the target alone (no speculation), float16, float32 logits: the reference"),
+        Scenario("dflash16", "DFLASH on the pair, float16, float32 logits", "dflash", "healthy",
+                 sets=(*sets("dflash"), *FP16), args=FP32_LOGITS),
+        Scenario("tree16", "DDTREE tree serving on the pair, float16, float32 logits", "ddtree", "healthy",
+                 sets=(*tree, *FP16), env=quiet, args=FP32_LOGITS),
+        target("target", (), (), "the target alone (no speculation), bfloat16"),
         Scenario("dflash", "DFLASH on the pair (speed arm)", "dflash", "healthy", sets=sets("dflash")),
         Scenario("dflash_twin", "DFLASH on the pair, a second server (the A/A control)", "dflash", "healthy",
                  sets=sets("dflash")),

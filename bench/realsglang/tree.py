@@ -43,7 +43,8 @@ from scenarios import tree_scenarios  # noqa: E402
 
 BUNDLE = "tree.tar.gz"
 EXTRA = ("--max-total-tokens", "32768", "--sleep-on-idle")
-LOSSLESS = {"fp32": ("target32", "dflash32", "tree32"), "bf16": ("target", "dflash", "ddtree_tree")}
+LOSSLESS = {"fp16": ("target16", "dflash16", "tree16"), "bf16": ("target", "dflash", "ddtree_tree")}
+EXACT = "fp16"       # the set whose comparisons decide `lossless.identical`
 SPEED = ("dflash", "dflash_twin", "ddtree_shadow", "ddtree_tree")
 TREE_LINE = "DDTREE tree: rounds="
 
@@ -79,7 +80,7 @@ def top2(host: Any, port: int, ids: list[int]) -> list[tuple[int, float]] | None
 
 
 def compare(name: str, got: list[list[int]], ref: list[list[int]], prompts: list[list[int]], host: Any,
-            ref_port: int | None, limit: int = 12) -> dict[str, Any]:
+            ref_port: int | None, limit: int = 64) -> dict[str, Any]:
     """Token-for-token comparison; for differing prompts the first differing position and, from the
     reference server, its top-2 there."""
     diffs = []
@@ -92,9 +93,13 @@ def compare(name: str, got: list[list[int]], ref: list[list[int]], prompts: list
                 d["ref_top2"] = top2(host, ref_port, prompts[i] + b[:k])
             diffs.append(d)
     same = sum(a == b for a, b in zip(got, ref))
+    gaps = [round(abs(d["ref_top2"][0][1] - d["ref_top2"][1][1]), 6) for d in diffs if d.get("ref_top2")
+            and len(d["ref_top2"]) == 2 and {d["got"], d["ref"]} == {d["ref_top2"][0][0], d["ref_top2"][1][0]}]
     arms.say(f"LOSSLESS {name}: {same}/{len(ref)} identical" + (f"; first diffs {diffs[:3]}" if diffs else ""))
     return {"identical_prompts": same, "prompts": len(ref), "identical": same == len(ref) and len(got) == len(ref),
-            "tokens": sum(len(r) for r in ref), "diffs": diffs}
+            "tokens": sum(len(r) for r in ref), "diffs": diffs,
+            # the reference's top-2 log-probability gap where both tokens are its top two (a near-tie)
+            "top2_gaps_at_diffs": sorted(gaps), "diffs_not_top2": len(diffs) - len(gaps)}
 
 
 def lossless(host: Any, live: dict[str, Any], prompts: list[list[int]], max_new: int, batches: list[int]) -> dict[str, Any]:
@@ -196,12 +201,13 @@ def assemble(args: argparse.Namespace, info: dict[str, Any], pair_meta: dict[str
              speed: dict[str, Any], figs: dict[str, Any]) -> dict[str, Any]:
     tree_f = fields(figs.get("ddtree_tree", {}).get("tree_line") or "", "DDTREE tree: ")
     shadow = figs.get("ddtree_shadow", {}).get("shadow") or {}
-    fp32 = [v for k, v in loss.items() if k.startswith("fp32")]
-    checks = [c for part in fp32 for c in part.values() if c and c is not part.get("dflash_vs_target")]
+    exact = [v for k, v in loss.items() if k.startswith(EXACT)]
+    checks = [c for part in exact for c in (part.get("tree_vs_target"), part.get("tree_vs_dflash")) if c]
     doc = {
         "gpu": arms.gpu_name(info), "sglang": arms.sglang_version(info, args.standin), "pair": pair_meta,
         "budget": args.budget, "max_new": args.max_new,
-        "lossless": {"prompts": args.lossless_prompts, "tokens": args.max_new, "dtype": "float32",
+        "lossless": {"prompts": args.lossless_prompts, "tokens": args.max_new,
+                     "dtype": "float16 activations, float32 logits (--enable-fp32-lm-head)",
                      "batches": args.lossless_batches,
                      "identical": bool(checks) and all(c["identical"] for c in checks), "sets": loss},
         "arms": speed,
@@ -255,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         keep = set(args.only.split(","))
         scenarios = [s for s in scenarios if s.name in keep]
     drop = () if args.standin else ("--load-format",)
-    servers = [arms.run.Server(sc, arms.profile(sc, args.port + i, EXTRA, drop), logs / f"{sc.name}.log")
+    servers = [arms.run.Server(sc, arms.profile(sc, args.port + i, EXTRA + sc.args, drop), logs / f"{sc.name}.log")
                for i, sc in enumerate(scenarios)]
     for s in servers:
         s.start(args.standin)
