@@ -198,11 +198,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ready-s", type=float, default=240.0)
     ap.add_argument("--passes", default="pass,forced-miss")
     args = ap.parse_args(argv)
-    from ddtree_ops import promote
-
     _, draft_cfg, _ = truth.read_pair(args.pair)
     prompts = json.loads(args.prompts.read_text())["prompts"]
     host, info, logs = arms.init(args, "promote")
+    from ddtree_ops import promote   # after init: pydantic comes from the wheel set on the device
+
     base = {s.name: s for s in tree_scenarios(str(args.pair), truth.block_of(draft_cfg), args.budget)}
     bar = promote.Bar(min_rounds=args.min_rounds, min_speedup=args.min_speedup, live_deadline_s=args.live_deadline_s,
                       poll_s=3.0)

@@ -97,18 +97,20 @@ def layout(trees: list[RowTree]) -> Layout:
 
 
 def tree_mask(parents: list[list[int]]) -> Any:
-    """[rows, n, n] bool: node i may attend to node j when j is i or an ancestor of i."""
+    """[rows, n, n] bool: node i may attend to node j when j is i or an ancestor of i. Built on the host
+    in as many tensor steps as the deepest node's depth (row i takes in its parent's row, whose ancestors
+    are complete one step earlier), not one Python step per (node, ancestor) pair."""
     import torch
 
     rows, n = len(parents), len(parents[0])
-    mask = torch.zeros(rows, n, n, dtype=torch.bool)
-    for b, par in enumerate(parents):
-        for i in range(n):
-            j = i
-            while j >= 0:
-                mask[b, i, j] = True
-                j = par[j] if j > 0 else -1
-    return mask
+    par = torch.tensor(parents, dtype=torch.int64).clamp_(min=0)          # the root is its own parent
+    mask = torch.eye(n, dtype=torch.bool).expand(rows, n, n).clone()
+    row = torch.arange(rows)[:, None]
+    while True:
+        grown = mask | mask[row, par]
+        if torch.equal(grown, mask):
+            return mask
+        mask = grown
 
 
 def verify_mask(tree: Any, prefix: list[int]) -> Any:
@@ -118,10 +120,8 @@ def verify_mask(tree: Any, prefix: list[int]) -> Any:
     import torch
 
     n = int(tree.shape[1])
-    parts = []
-    for b, p in enumerate(prefix):
-        parts.append(torch.cat([torch.ones(n, p, dtype=torch.bool, device=tree.device), tree[b]], dim=1).reshape(-1))
-    return torch.cat(parts)
+    ones = torch.ones(n, max(prefix, default=0), dtype=torch.bool, device=tree.device)
+    return torch.cat([torch.cat([ones[:, :p], tree[b]], dim=1).reshape(-1) for b, p in enumerate(prefix)])
 
 
 def commit_order(path: list[int], n: int) -> list[int]:
@@ -205,8 +205,8 @@ class Backend:
         bs = len(batch.seq_lens)
         block = int(worker.block_size)
         width = block - 1
-        prefix = [int(x) for x in batch.seq_lens.tolist()]
-        roots = [int(x) for x in batch.spec_info.bonus_tokens.view(-1).tolist()]
+        both = torch.stack([batch.seq_lens.to(torch.int64), batch.spec_info.bonus_tokens.view(-1).to(torch.int64)])
+        prefix, roots = both.tolist()                                           # one wait, not two
         self.draft(worker, batch, bs)
         tok, sc = worker.ddtree_round_topk(bs * width)
         trees = [build(tok[b * width:(b + 1) * width], sc[b * width:(b + 1) * width], roots[b]) for b in range(bs)]
@@ -224,7 +224,7 @@ class Backend:
         loc = req_to_token[rpi[:, None], cols].to(torch.int64)                       # [bs, n]
         tokens = torch.tensor(lay.tokens, dtype=torch.int64, device=device)
         positions = (prefix_t[:, None] + torch.tensor(lay.depths, dtype=torch.int64, device=device)).reshape(-1)
-        mask = verify_mask(tree_mask(lay.parents).to(device), prefix)
+        mask = verify_mask(tree_mask(lay.parents), prefix).to(device, non_blocking=True)   # built on the host
 
         start, end = _events()
         chains = all(par[i] == i - 1 for par, size in zip(lay.parents, lay.sizes) for i in range(1, size)) \
