@@ -502,8 +502,8 @@ def check_sglang(pf: Preflight, p: Profile, mode: str, found: tuple[dict[str, An
 
 def check_tree_backend(pf: Preflight, doc: dict[str, Any]) -> None:
     """Mode ddtree serves through a tree verify backend declared on the host for its SGLang release
-    (entry point group ddtree_ops.tree_verify): none ships for SGLang's GPU path yet (issue 33), the
-    lab's stand-in declares its simulated one. Without one the server would refuse to start."""
+    (entry point group ddtree_ops.tree_verify): the wheel declares 0.5.17's (issue 33), the
+    lab's stand-in its simulated one. Without one the server would refuse to start."""
     # the plugin's own rule (which release a declaration covers), pure: no torch, no sglang
     from ddtree_ops.engine.sglang_backend import NO_BACKEND, declared
 

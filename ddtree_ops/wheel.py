@@ -20,7 +20,9 @@ from pathlib import Path
 from ddtree_ops import __version__
 
 DIST = "ddtree_ops"
-ENTRY_POINTS = "[sglang.srt.plugins]\nddtree = ddtree_ops.engine.sglang_plugin:register\n"
+# the plugin SGLang loads, and the tree verify backend of each SGLang release that has one (sglang_backend)
+ENTRY_POINTS = ("[sglang.srt.plugins]\nddtree = ddtree_ops.engine.sglang_plugin:register\n\n"
+                "[ddtree_ops.tree_verify]\n0.5.17 = ddtree_ops.engine.sglang_backend_0517:Backend\n")
 _SUFFIXES = (".py", ".yaml", ".json", ".tmpl")
 
 

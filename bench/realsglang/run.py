@@ -130,6 +130,9 @@ def install_plugin() -> None:
     from ddtree_ops.wheel import build
 
     wheel = build()
+    if (SITE / f"ddtree_ops-{wheel.version}.dist-info").is_dir():
+        say(f"plugin {wheel.version} already installed in {SITE}")   # a second runner on the same machine
+        return
     for old in SITE.glob("ddtree_ops*"):
         shutil.rmtree(old, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp:

@@ -43,6 +43,7 @@ class Scenario:
     cli_smoke: bool = False             # also run `ddtree-ops smoke h200 --json` against it
     plain: bool = False                 # memory probes: the rendered argv without its --speculative-* flags
     refuse_key: str = ""                # refusals: the profile key preflight's refusal must name
+    args: tuple[str, ...] = ()          # flags the profile does not model, appended (tree.py's lossless set)
 
 
 def _8b(mfs: float, model: str = "qwen3-8b") -> tuple[str, ...]:
@@ -237,4 +238,48 @@ def truth_scenarios(pair: str, block: int, budget: int, cost_env: dict[str, str]
         ddtree("ddtree_s100_long", 1.0, "DDTREE shadow on the trained pair, share 1.0, greedy, long requests"),
         Scenario("dflash_temp", "DFLASH on the trained pair, temperature", "dflash", "healthy", sets=sets("dflash")),
         ddtree("ddtree_s100_temp", 1.0, "DDTREE shadow on the trained pair, share 1.0, temperature"),
+    ]
+
+
+# The lossless set: float16 activations and float32 logits (`--enable-fp32-lm-head`). In bfloat16 the
+# logits of this weak pair tie exactly (one bfloat16 step is 1/32 at |logit| 4-8), and which of two
+# equal logits a kernel's argmax returns is not decided by the model (run 1 of issue 33: every
+# divergence of the target, DFLASH and the tree was at a top-2 gap of 0 or one step); float32 activations
+# are refused by sgl-kernel's rmsnorm in 0.5.17 ("failed to dispatch data type Float", the same run).
+FP16 = ("memory.dtype=float16",)
+FP32_LOGITS = ("--enable-fp32-lm-head",)
+
+
+def tree_scenarios(pair: str, block: int, budget: int, context: int = 2048, report_every: int = 50,
+                   chain_share: float = 0.05) -> list[Scenario]:
+    """Issue 33 on a trained pair: the target alone, DFLASH and DDTREE tree serving in float16 with
+    float32 logits (the lossless set), and the same three plus a DFLASH twin (the A/A control) and
+    DDTREE shadow at share 1.0 in the pair's bfloat16 (the speed arms, and a second lossless set as served)."""
+    def sets(mode: str) -> tuple[str, ...]:
+        return (f"service.model_path={pair}/target", f"modes.{mode}.draft_model_path={pair}/draft",
+                f"modes.{mode}.block_size={block}", "memory.mem_fraction_static=0.85", "memory.cuda_graph=true",
+                "memory.cuda_graph_max_bs=32", "memory.max_running_requests=32", f"memory.context_length={context}")
+
+    shadow = (*sets("ddtree-shadow"), f"modes.ddtree-shadow.budget={budget}", "modes.ddtree-shadow.shadow.share=1.0",
+              f"modes.ddtree-shadow.shadow.report_every={report_every}")
+    tree = (*shadow, f"modes.ddtree.tree.chain_share={chain_share}", f"modes.ddtree.tree.report_every={report_every}")
+    quiet = {"DDTREE_SHADOW_WARN_AFTER": "1000000"}
+
+    def target(name: str, extra: tuple[str, ...], args: tuple[str, ...], about: str) -> Scenario:
+        return Scenario(name, about, "dflash", "healthy", sets=(*sets("dflash"), *extra), plain=True, args=args)
+
+    return [
+        target("target16", FP16, FP32_LOGITS, "the target alone (no speculation), float16, float32 logits: the reference"),
+        Scenario("dflash16", "DFLASH on the pair, float16, float32 logits", "dflash", "healthy",
+                 sets=(*sets("dflash"), *FP16), args=FP32_LOGITS),
+        Scenario("tree16", "DDTREE tree serving on the pair, float16, float32 logits", "ddtree", "healthy",
+                 sets=(*tree, *FP16), env=quiet, args=FP32_LOGITS),
+        target("target", (), (), "the target alone (no speculation), bfloat16"),
+        Scenario("dflash", "DFLASH on the pair (speed arm)", "dflash", "healthy", sets=sets("dflash")),
+        Scenario("dflash_twin", "DFLASH on the pair, a second server (the A/A control)", "dflash", "healthy",
+                 sets=sets("dflash")),
+        Scenario("ddtree_shadow", "DDTREE shadow at share 1.0 on the pair (speed arm, the prediction)", "ddtree-shadow",
+                 "healthy", sets=shadow, env=quiet),
+        Scenario("ddtree_tree", "DDTREE tree serving on the pair (speed arm)", "ddtree", "healthy", sets=tree,
+                 env=quiet),
     ]

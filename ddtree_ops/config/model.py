@@ -149,7 +149,7 @@ class MemorySection(_Strict):
     context_length: Annotated[int, Field(ge=256, le=4_194_304)]
     max_running_requests: Annotated[int, Field(ge=1, le=4096)]
     attention_backend: AttentionBackend
-    dtype: Literal["auto", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     kv_cache_dtype: Literal["auto", "fp8_e5m2", "fp8_e4m3", "bf16"] = "auto"
     page_size: Annotated[int, Field(ge=1, le=1024)] = 1
     cuda_graph: bool = True

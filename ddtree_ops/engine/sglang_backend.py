@@ -8,8 +8,9 @@ entry point group `ddtree_ops.tree_verify`, under the release it serves or `*`:
     [project.entry-points."ddtree_ops.tree_verify"]
     "0.5.17" = "some_package.module:Backend"
 
-None ships for SGLang's GPU path yet (issue 33 plugs SGLang's own tree verify and accept in here); the
-lab's stand-in declares its simulated one. `tree_problem` is what the validator, preflight and the
+The plugin wheel declares SGLang 0.5.17's (`sglang_backend_0517`, issue 33: SGLang's own TARGET_VERIFY
+with an ancestor mask, its accept walked on the host, the path committed in its KV pool); the lab's
+stand-in declares its simulated one. `tree_problem` is what the validator, preflight and the
 tree worker say where there is none. The tree (`build_tree`: `shadow.heap_tree`, the shadow's own
 build) and the walks over the target's choices are here, free of SGLang, so that they are tested on
 CPU and shared by the tree worker (`sglang_tree`) and any backend.
@@ -27,7 +28,7 @@ BACKEND_GROUP = "ddtree_ops.tree_verify"
 ANY_RELEASE = "*"
 ISSUE = "issue 33"
 NO_BACKEND = ("no tree verify backend for sglang {version} (entry point group " + BACKEND_GROUP + "): the plugin "
-              "does not yet verify a tree on SGLang's GPU path (" + ISSUE + "); serve ddtree-shadow meanwhile")
+              "verifies a tree on SGLang 0.5.17 only (" + ISSUE + "); serve ddtree-shadow meanwhile")
 
 
 # ------------------------------------------------------------------ the tree and its walks
@@ -120,9 +121,11 @@ class TreeVerifyBackend(Protocol):
 
     name: str
 
-    def tree_round(self, worker: Any, batch: Any, build: Build) -> TreeRound:
+    def tree_round(self, worker: Any, batch: Any, build: Build, **forward_kwargs: Any) -> TreeRound:
         """Run the draft, take its top-K (`worker.ddtree_round_topk`), build each row's tree with
-        `build(tokens, scores, root_token)`, verify them in one forward, commit the accepted paths."""
+        `build(tokens, scores, root_token)`, verify them in one forward, commit the accepted paths.
+        `forward_kwargs` are what SGLang's scheduler passed to forward_batch_generation (the overlap
+        scheduler's `on_publish`, which a round must call with the new sequence lengths)."""
 
     def chain_round(self, worker: Any, batch: Any, forward: Callable[[], Any]) -> tuple[Any, float | None]:
         """DFlash's own round (`forward()`), and its verify forward's device seconds if measured."""
@@ -130,6 +133,9 @@ class TreeVerifyBackend(Protocol):
     def probe(self, worker: Any, batch: Any, nodes: int) -> float | None:
         """Shadow mode: the device seconds of a tree verify forward of `nodes` tokens a row over this
         batch, its result discarded (what a tree round would cost here, now)."""
+
+    # optional: `problems(worker) -> list[str]`, what this backend cannot serve on this server (page
+    # size, attention backend, ...), which the tree worker says at start and refuses to start on
 
 
 def declared(found: Mapping[str, Any], version: str | None) -> Any:

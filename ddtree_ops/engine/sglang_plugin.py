@@ -174,8 +174,8 @@ def server_args_problems(server_args: Any, env: dict[str, str] | None = None) ->
 
 
 def tree_mode_problems(cfg: Any, settings: Any) -> list[str]:
-    """What DDTREE_MODE=tree needs beyond the shadow: a tree verify backend for this SGLang (none for
-    the GPU path yet, issue 33), and an unsharded LM head (the served tree is built from the draft's
+    """What DDTREE_MODE=tree needs beyond the shadow: a tree verify backend for this SGLang (0.5.17's
+    ships in the wheel, issue 33), and an unsharded LM head (the served tree is built from the draft's
     top-K, which the shadow may go without but the tree cannot)."""
     # the backend's entry points (standard library); its module loads only where one is declared
     from ddtree_ops.engine.sglang_backend import tree_problem

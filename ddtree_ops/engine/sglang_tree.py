@@ -19,8 +19,8 @@ the tree (the spine plus the budget best-first), the top-K it is built from (fol
 draft graph as in the shadow, `sglang_topk`), the choice of arm, the cross-check of what the backend
 committed against the walk down its own target choices, the accounting, the report line and /metrics.
 
-No backend for SGLang's GPU path ships yet (issue 33 plugs SGLang's own tree verify and accept in
-here): on such a host the validator refuses DDTREE_MODE=tree at launch, preflight refuses it before
+The wheel declares SGLang 0.5.17's backend (sglang_backend_0517, issue 33); on a release without
+one the validator refuses DDTREE_MODE=tree at launch, preflight refuses it before
 any change, and the worker refuses to start. The lab's stand-in declares a simulated backend
 (`ddtree_ops/lab/standin/treesim.py`), which is how the mode is served, gated and promoted in the lab.
 """
@@ -83,6 +83,8 @@ class _TreeState:
         self.backend, why = find_backend(sglang_version())
         if self.backend is None:
             problems.append(f"DDTREE_MODE=tree: {why}")
+        elif hasattr(self.backend, "problems"):     # what the release's backend cannot serve, said at start
+            problems += [f"DDTREE_MODE=tree: {p}" for p in self.backend.problems(worker)]
         if problems:        # the validator refused these at launch: never serve a tree it did not allow
             raise RuntimeError("DDTREE tree worker refused to start:\n  - " + "\n  - ".join(problems))
         block = int(getattr(worker, "block_size", 16) or 16)
@@ -215,7 +217,7 @@ class TreeWorkerMixin:
             if seconds is not None:
                 st.acct.add_cost("chain", bs or _rows_of(result), seconds)
             return result
-        rnd = st.backend.tree_round(self, batch, st.build)
+        rnd = st.backend.tree_round(self, batch, st.build, **kwargs)     # on_publish: the overlap scheduler's
         st.account(rnd, reqs, len(rnd.trees))
         return rnd.result
 

@@ -20,4 +20,4 @@ class DDTreeShadowWorker(ShadowWorkerMixin, DFlashWorkerV2):
 
 class DDTreeTreeWorker(TreeWorkerMixin, DFlashWorkerV2):
     """Serves the tree through the release's tree verify backend (`sglang_backend`); refuses to start
-    where there is none (SGLang's GPU path until issue 33)."""
+    where there is none (every SGLang release but 0.5.17, issue 33)."""

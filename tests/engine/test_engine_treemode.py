@@ -97,7 +97,7 @@ class FakeBackend:
     def __init__(self, lie: bool = False) -> None:
         self.lie = lie
 
-    def tree_round(self, worker: TreeTarget, batch: Any, build: Any) -> TreeRound:
+    def tree_round(self, worker: TreeTarget, batch: Any, build: Any, **_forward: Any) -> TreeRound:
         from ddtree_ops.engine.tree import build_tree_heap, draft_topk
         from ddtree_ops.engine.verify import walk as engine_walk
 

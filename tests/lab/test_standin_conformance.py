@@ -66,7 +66,7 @@ RUNS.update({log: run for log, run in RUN6.items() if (REAL / f"{log}.log").exis
 # Run 7 (issue 23, bench/realsglang/truth.py): a trained pair whose weights the repository does not
 # hold; tests/engine/test_real_shadow_0517.py reads its logs instead
 TRUTH_LOGS = {p.stem: "the trained pair's weights are not in the repository (the stand-in serves configs only)"
-              for p in REAL.glob("7_truth_*.log")}
+              for p in [*REAL.glob("7_truth_*.log"), *REAL.glob("8_*.log")]}  # run 8 (issue 33): the same pair
 # runs recorded with the plugin before issue 22, which kept DFlash's draft head eager (no "DFLASH
 # draft greedy head folded" line) and printed its shadow lines in their old form; the stand-in runs
 # this tree's plugin, so those lines are left out of both logs for these runs (every other

@@ -156,7 +156,7 @@ class SimTreeVerify:
 
     name = "ddtree-ops LAB STAND-IN simulated tree verify"
 
-    def tree_round(self, worker: Any, batch: Any, build: Any) -> Any:
+    def tree_round(self, worker: Any, batch: Any, build: Any, **_forward: Any) -> Any:
         # the plugin's own types, from the engine wheel the stand-in runs it from
         from ddtree_ops.engine.sglang_backend import TreeRound, walk
 
