@@ -317,3 +317,30 @@ def records(host: FakeHost, root: str = "/var/lib/ddtree-ops/sglang") -> dict[st
     target = rollback_target(state.attempts, policy="known-good-mode", known_good_mode="nextn")
     return {"known_good": target.release_id if target else None, "current": state.current,
             "pending": (host.text(f"{root}/pending.json") or "").strip() or None, "attempts": state.attempts}
+
+
+def shipped_profiles(dest: Path, host: str, extra_yaml: str) -> Path:
+    """The shipped profiles copied to `dest`, with `extra_yaml` appended to HOST's profile (a shorter
+    stay window: holding one is the lab's to test)."""
+    import shutil
+
+    shutil.copytree(Path(__file__).resolve().parents[2] / "profiles", dest)
+    with open(dest / f"{host}.yaml", "a") as fh:
+        fh.write(extra_yaml)
+    return dest
+
+
+def cli_runner(capsys: Any, profiles: Path, host: FakeHost) -> Callable[..., tuple[int, Any, str]]:
+    """`ddtree-ops ARGS --profiles DIR` with the fake host injected as the command's obj; each call
+    returns (exit code, the JSON document or None, stderr)."""
+    import pytest
+
+    from ddtree_ops.cli.app import main
+
+    def run(*args: str) -> tuple[int, Any, str]:
+        with pytest.raises(SystemExit) as done:
+            main([*args, "--profiles", str(profiles)], obj=factory({host.name: host}))
+        out = capsys.readouterr()
+        return int(done.value.code), (json.loads(out.out) if out.out.strip() else None), out.err
+
+    return run

@@ -13,18 +13,15 @@ and HTTP in memory. The same commands against real systemd and sshd are the lab 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fakehost import FakeHost, factory, records
+from fakehost import FakeHost, cli_runner, records, shipped_profiles
 
-from ddtree_ops.cli.app import main
 from ddtree_ops.profile import Profile, load_profile
 from ddtree_ops.render import render
 
-REPO = Path(__file__).resolve().parents[2]
 HOST = "ct129"
 UNIT = "/etc/systemd/system/sglang.service"
 # every deploy or rollback document carries these (DESIGN.md "Contracts"; cli/_show renders them)
@@ -44,11 +41,7 @@ def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def profiles(tmp_path: Path) -> Path:
     """The shipped profiles, with ct129's stay-healthy window at 0 s: holding a window is the lab's
     to test; here what counts is which way each outcome goes."""
-    d = tmp_path / "profiles"
-    shutil.copytree(REPO / "profiles", d)
-    with open(d / f"{HOST}.yaml", "a") as fh:
-        fh.write("\ngate:\n  stay_healthy_s: 0\n")
-    return d
+    return shipped_profiles(tmp_path / "profiles", HOST, "\ngate:\n  stay_healthy_s: 0\n")
 
 
 @pytest.fixture
@@ -67,13 +60,7 @@ def cli(capsys: pytest.CaptureFixture[str], profiles: Path, host: FakeHost) -> A
     """`ddtree-ops ARGS --profiles DIR` with the fake host injected as the command's obj; returns
     (exit code, the JSON document or None, stderr)."""
 
-    def run(*args: str) -> tuple[int, Any, str]:
-        with pytest.raises(SystemExit) as done:
-            main([*args, "--profiles", str(profiles)], obj=factory({host.name: host}))
-        out = capsys.readouterr()
-        return int(done.value.code), (json.loads(out.out) if out.out.strip() else None), out.err
-
-    return run
+    return cli_runner(capsys, profiles, host)
 
 
 def deploy(cli: Any, mode: str, *extra: str) -> tuple[int, Any, str]:

@@ -13,20 +13,16 @@ hand. The lab runs the same command against real systemd and the stand-in's plug
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
 import pytest
-from fakehost import FakeHost, factory, records
+from fakehost import FakeHost, cli_runner, records, shipped_profiles
 
-from ddtree_ops.cli.app import main
 from ddtree_ops.profile import Profile, load_profile
 from ddtree_ops.render import render
 from ddtree_ops.treestats import FROM_ENV
 
-REPO = Path(__file__).resolve().parents[2]
 HOST = "ct129"
 # a good draft: the chain commits 3 or 4 tokens a round, the tree 4 or 5 (tau 3.5 against 4.5; at a
 # cost ratio of 1.06 the projected speedup is 1.286 / 1.06 = 1.21, its lower bound well above 1.05)
@@ -73,11 +69,7 @@ def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def profiles(tmp_path: Path) -> Path:
     """The shipped profiles; ct129 holds no stay window (the lab holds windows) and polls its live
     window every 0.1 s."""
-    d = tmp_path / "profiles"
-    shutil.copytree(REPO / "profiles", d)
-    with open(d / f"{HOST}.yaml", "a") as fh:
-        fh.write("\ngate:\n  stay_healthy_s: 0\npromote:\n  poll_s: 0.1\n")
-    return d
+    return shipped_profiles(tmp_path / "profiles", HOST, "\ngate:\n  stay_healthy_s: 0\npromote:\n  poll_s: 0.1\n")
 
 
 @pytest.fixture
@@ -95,13 +87,7 @@ def host(profile: Profile) -> FakeHost:
 
 @pytest.fixture
 def cli(capsys: pytest.CaptureFixture[str], profiles: Path, host: FakeHost) -> Any:
-    def run(*args: str) -> tuple[int, Any, str]:
-        with pytest.raises(SystemExit) as done:
-            main([*args, "--profiles", str(profiles)], obj=factory({host.name: host}))
-        out = capsys.readouterr()
-        return int(done.value.code), (json.loads(out.out) if out.out.strip() else None), out.err
-
-    return run
+    return cli_runner(capsys, profiles, host)
 
 
 @pytest.fixture
