@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -71,9 +72,11 @@ def run(lab: Any, *args: str, timeout: float = 400) -> subprocess.CompletedProce
 
 
 def start(lab: Any, *args: str) -> subprocess.Popen[str]:
-    """`ddtree-ops ARGS...` started and left running (to be interrupted, or waited for)."""
+    """`ddtree-ops ARGS...` started and left running (to be interrupted, or waited for). Its SIGINT is
+    the terminal's default, as an operator's is: a pytest-xdist worker ignores SIGINT, and a child
+    inherits an ignored signal, so Python would never raise KeyboardInterrupt in it."""
     return subprocess.Popen([*COMMAND, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env(lab))
+                            env=env(lab), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def tool(lab: Any, *args: str, timeout: float = 400) -> tuple[int, Any, str]:
