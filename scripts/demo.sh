@@ -49,13 +49,26 @@ step "What ct129 ran, and what it runs now"
 run 0 ddtree-ops history ct129
 run 0 ddtree-ops smoke ct129 ct200
 
-step "The shadow's verdict, from ct200's own /metrics after a minute of greedy traffic, then the tree served and checked live"
+step "ct129's third attempt, with the library back: the shadow deploys and passes its gate"
+run 0 ddtree-ops deploy ct129 --yes
+
+step "A minute of greedy traffic on ct129's shadow, then promote: the A6000 class's tree costs more than it brings"
+run 0 ddtree-ops lab load ct129 --seconds 70 --wait
+run 3 ddtree-ops promote ct129
+
+step "ct200's shadow says the tree pays; a fault breaks the served tree's mask, so the tree misses its prediction live"
 run 0 ddtree-ops lab load ct200 --seconds 70 --wait
 run 0 ddtree-ops promote ct200 --dry-run
-run 0 ddtree-ops lab load ct200 --seconds 300
+run 0 ddtree-ops lab fault ct200 tree-mask
+run 0 ddtree-ops lab load ct200 --seconds 600
+run 1 ddtree-ops promote ct200 --yes
+
+step "Back on the shadow (which counts again from its restart), a minute more, and the sound tree is promoted and kept"
+run 0 ddtree-ops lab load ct200 --seconds 70 --wait
+run 0 ddtree-ops lab load ct200 --seconds 600
 run 0 ddtree-ops promote ct200 --yes
 run 0 ddtree-ops lab load ct200 --stop
-run 3 ddtree-ops promote ct129
+run 0 ddtree-ops history ct200
 
 step "A fleet: group lab (a6000: ct129 ct130 ct131, pro6000: ct200 ct201 ct202), one line each in the lab's inventory"
 run 0 ddtree-ops profile show lab
@@ -79,9 +92,11 @@ ${bold}What this showed${off}
   - ct129's first attempt never touched the host: preflight predicted the KV pool and refused.
   - the second attempt failed within seconds of its crash line, was rolled back to the NEXTN
     known-good release automatically, and the cause (a CUDA library that will not load) was named.
-  - ct200's shadow said the tree pays on its card; promote read that from /metrics, served the tree,
-    held its acceptance to the shadow's prediction live, and kept it. ct129, back on NEXTN, was
-    refused: promote starts from a shadow that has measured.
+  - promote read each shadow's verdict from the host's own /metrics: ct129's tree does not pay for
+    its verify cost on the A6000 class, so it held (exit 3, nothing changed); ct200's does. With the
+    served tree's mask broken, ct200's tree accepted well below the shadow's prediction in the live
+    window and was rolled back to the shadow automatically (exit 1); the sound tree then held the
+    prediction live and was kept (exit 0).
   - the fleet deploy went canary first; ct201 failed its gate and was rolled back on its own while
     the rest carried on within the budget of one failure; one table said who runs what, and why.
 
@@ -89,6 +104,7 @@ The lab is still up. Try:
   eval "\$(ddtree-ops lab env)"
   ddtree-ops diagnose ct129 --json | head -40
   ddtree-ops deploy ct129 --mode dflash --dry-run
+  ddtree-ops promote ct200 --dry-run --json | head -40
   ddtree-ops deploy pro6000 --mode nextn --dry-run   # a group: preflight of every host, the plan
   ddtree-ops lab down            # stops every container and removes namespaces, mounts and links
 MSG
