@@ -39,10 +39,12 @@ def on_shadow(lab: Any, request: pytest.FixtureRequest) -> Iterator[str]:
     back_to_baseline(lab, host)
 
 
-def history(lab: Any, host: str) -> dict[str, Any]:
+def history(lab: Any, host: str) -> tuple[str, list[tuple[str, str, str]], dict[str, str]]:
+    """(the current release, the attempts newest first as (action, release, outcome), each release's mode)."""
     rc, doc, err = tool(lab, "history", host, "--json")
     assert rc == 0, err
-    return doc["hosts"][0]
+    return (doc["current"], [(a["action"], a["release_id"], a["outcome"]) for a in doc["attempts"]],
+            {r["release_id"]: r["mode"] for r in doc["releases"]})
 
 
 def promote(lab: Any, host: str, *extra: str) -> tuple[int, dict[str, Any], str]:
@@ -55,7 +57,7 @@ def promote(lab: Any, host: str, *extra: str) -> tuple[int, dict[str, Any], str]
 def test_ct200_promotes_a_tree_that_keeps_its_promise_and_rolls_back_one_that_does_not(
         lab: Any, on_shadow: str) -> None:
     host = on_shadow
-    shadow = history(lab, host)["current"]
+    shadow = history(lab, host)[0]
     # --dry-run: the decision and the plan, and the host byte-identical
     before = snapshot(lab, host)
     rc, doc, err = promote(lab, host, "--dry-run")
@@ -74,8 +76,9 @@ def test_ct200_promotes_a_tree_that_keeps_its_promise_and_rolls_back_one_that_do
     assert doc["gate"]["passed"] is True and doc["live"]["passed"] is False
     assert "below the prediction" in doc["live"]["reason"] and doc["live"]["tau_tree_ratio"] < 0.97
     assert doc["rollback_gate"]["passed"] is True
-    rows = history(lab, host)
-    assert rows["current"] == shadow and rows["last"].startswith(f"rollback {shadow} passed")
+    current, attempts, _ = history(lab, host)
+    assert current == shadow and attempts[:2] == [("rollback", shadow, "passed"), ("promote", doc["release_id"],
+                                                                                      "rolled-back")]
 
     # the shadow starts counting again after its restart; with its rounds back, the sound tree is
     # promoted and holds the prediction live
@@ -87,8 +90,9 @@ def test_ct200_promotes_a_tree_that_keeps_its_promise_and_rolls_back_one_that_do
     assert (rc, doc["result"], doc["decision"]) == (0, "ok", "promote"), (doc["reason"], err[-3000:])
     assert doc["live"]["passed"] is True and doc["live"]["tau_tree_ratio"] >= 0.97
     assert doc["live"]["verdict"]["exact_rounds"] >= 600
-    rows = history(lab, host)
-    assert rows["current"] == doc["release_id"] and rows["last"].startswith(f"promote {doc['release_id']} passed")
+    current, attempts, modes = history(lab, host)
+    assert current == doc["release_id"] and modes[current] == "ddtree"
+    assert attempts[0] == ("promote", current, "passed")
 
 
 @pytest.mark.parametrize("on_shadow", ["ct129"], indirect=True)
