@@ -261,19 +261,18 @@ def diagnose_many(inv: "Inventory", names: Sequence[str], *, mode: Optional[str]
         else:
             diag, combined = got
             f = combined.root_cause or (combined.warnings[0] if combined.warnings else None)
-            key = (combined.verdict, f.label if f is not None else "-")
-            cause = key[1]
-            before = diag.previous_failure() if f is None else None
-            if before is not None:
+            said = ""
+            if f is None and (f := rpt.previous_start(combined)) is not None:
                 # healthy now, after a failed start (a rolled-back deploy): its own line, so the group
                 # view never folds a failure into "healthy"
-                f, key = before, (combined.verdict, f"previous start: {before.label}")
-                cause = key[1]
+                said = "previous start: "
+            key = (combined.verdict, said + f.label if f is not None else "-")
+            cause = key[1]
             if f is not None and f.description is not None:
                 # a failure no rule names: hosts that fail the same unnamed way (component, exception,
                 # message without its numbers) are one line; others with the same label are not
-                key = (combined.verdict, f.label, f.description.key)
-                cause = f"{f.label}: {f.description.head()[:120]}"
+                key = (combined.verdict, said + f.label, f.description.key)
+                cause = f"{said}{f.label}: {f.description.head()[:120]}"
             evidence = f"line {f.line}: {f.evidence}" if f is not None else ""
             remedy = (f.remedy or "") if f is not None else ""
             doc = {"host": name, **rpt.to_json(combined, diag)}

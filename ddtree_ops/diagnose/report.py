@@ -26,6 +26,12 @@ _VERDICT_STYLE = {"healthy": "bold green", "degraded": "bold yellow", "failed": 
 _DIRECTION = {"raise": "RAISE", "lower": "LOWER"}
 
 
+def previous_start(report: Report) -> Finding | None:
+    """The failed start before this one, noted where this start has no cause of its own (a host
+    healthy again after a rolled-back deploy); LiveDiagnosis.combined adds it."""
+    return next((f for f in report.findings if f.rule_id == "previous_start_failed"), None)
+
+
 def exit_code(verdict: str) -> DiagnoseExit:
     """DESIGN.md's diagnose codes. `inconclusive` (no failure found and no sign of serving) is 3,
     the code for "no verdict could be read", as Nagios's 3 is UNKNOWN: never 0 (nothing showed it
@@ -79,7 +85,7 @@ def render(report: Report, *, source: str, console: Console | None = None,
     if live is not None:
         _render_live_head(con, live)
     root = report.root_cause
-    last = next((f for f in report.findings if f.rule_id == "previous_start_failed"), None)
+    last = previous_start(report)
     if root is not None:
         _render_cause(con, root)
     elif last is not None:

@@ -30,13 +30,6 @@ FIELDS = {"schema_version", "command", "host", "mode", "release_id", "result", "
           "ssh_round_trips", "events"}
 
 
-@pytest.fixture(autouse=True)
-def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("DDTREE_OPS_INVENTORY", "DDTREE_OPS_PROFILES", "DDTREE_OPS_SSH_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_COLOR", "1")
-
-
 @pytest.fixture
 def profiles(tmp_path: Path) -> Path:
     """The shipped profiles, with ct129's stay-healthy window at 0 s: holding a window is the lab's

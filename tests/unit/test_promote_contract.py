@@ -58,13 +58,6 @@ class Traffic:
         return None
 
 
-@pytest.fixture(autouse=True)
-def quiet_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("DDTREE_OPS_INVENTORY", "DDTREE_OPS_PROFILES", "DDTREE_OPS_SSH_CONFIG"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_COLOR", "1")
-
-
 @pytest.fixture
 def profiles(tmp_path: Path) -> Path:
     """The shipped profiles; ct129 holds no stay window (the lab holds windows) and polls its live
