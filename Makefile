@@ -4,9 +4,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-sglang-cpu.txt scripts/install.sh | sha256sum | cut -c1-12)
-# two pytest-xdist workers: the lab tests (mostly waiting on real systemd) in one, in file order, and every
-# other test file beside them; tests/conftest.py makes the groups and puts the lab's first
-WORKERS ?= 2
+# three pytest-xdist workers: the lab tests (mostly waiting on real systemd) in two, each test holding the
+# lab hosts it touches, and every other test file beside them; tests/conftest.py makes the groups
+WORKERS ?= 3
 XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install packages test test-fast test-lab demo bench golden lab-down clean help
@@ -35,7 +35,7 @@ test: packages
 	$(BIN)/python -m pytest $(XDIST)
 
 test-fast: install
-	$(BIN)/python -m pytest $(XDIST) -m "not lab and not slow"
+	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not lab and not slow"
 
 test-lab: packages
 	$(BIN)/python -m pytest -m lab

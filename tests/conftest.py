@@ -1,10 +1,12 @@
 """Session fixtures shared by every test directory, and what the suite pins about the machine.
 
-`lab`: the lab hosts ct129 and ct200 (real systemd + journald + sshd in nspawn containers, the SGLang
-stand-in), brought up once per session if they are not already up, reused if they are, and taken down
-at the end only when this session started them and DDTREE_LAB_KEEP is not set. Mark tests that use it
-`@pytest.mark.lab`. API (ddtree_ops.lab.api.Lab): `lab.ssh_config`, `lab.hosts`, `lab.grow(n)` (more hosts:
-the fleet tests use six), `lab.inventory`, `lab.connect(host)`, `lab.fault(host, name)`, `lab.clear(host)`,
+`lab`: the lab hosts (real systemd + journald + sshd in nspawn containers, the SGLang stand-in): ct129
+and ct200, and the extra hosts the selected tests name (`hosts` mark; the fleet tests use six), booted
+once if they are not up, reused if they are, and taken down by the last process of the run that booted
+them unless DDTREE_LAB_KEEP is set (labkit.LabUse). Mark tests that use it `@pytest.mark.lab`, and
+`@pytest.mark.hosts(...)` where they touch other hosts than ct129 and ct200 or only one of them: the
+test holds those hosts while it runs. API (ddtree_ops.lab.api.Lab): `lab.ssh_config`, `lab.hosts`,
+`lab.grow(n)`, `lab.inventory`, `lab.connect(host)`, `lab.fault(host, name)`, `lab.clear(host)`,
 `lab.restore(host)`, `lab.exec(host, argv)`, `lab.env`.
 
 The machine and the day (issue 29): the suite's answer must not depend on who runs it where. Before any
@@ -20,9 +22,10 @@ tool in this process one control-host name (a lock taken "on ops1" was judged by
 ops1). The pins are in tests/hermetic.py;
 tests/unit/test_hermetic.py holds each one.
 
-`make test` runs the suite in two pytest-xdist workers: every lab test in one group (one worker drives
-the lab, in file order), every other file a group of its own (a module's fixtures are built once), the lab
-group first so the other worker runs everything else beside it.
+`make test` runs the suite in three pytest-xdist workers: the lab tests in two groups (two workers drive
+the lab at once, each test holding the lab hosts it touches, `hosts` mark), every other file a group of
+its own (a module's fixtures are built once), the lab groups first so the third worker runs everything
+else beside them.
 """
 
 from __future__ import annotations
@@ -85,17 +88,32 @@ def fixed_control_host(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
 # --------------------------------------------------------------------------- scheduling (pytest-xdist)
 
-LAB_GROUP = "lab"
+# The lab tests mostly wait on processes in the lab hosts, so two workers drive the lab at once, each
+# test holding the hosts it touches (`lab_hosts_held`): a lab test of one worker waits only for a test
+# of the other that holds one of its hosts. Files go to the two lab groups so that what one runs on
+# ct200 meets what the other runs on ct129 (or on the extra hosts), in this order; a lab file not named
+# here runs last in the first group.
+LAB_ORDER: dict[str, list[str]] = {
+    "lab-a": ["tests/deploy/test_contract_lab.py", "tests/deploy/test_promote_lab.py",
+              "tests/lab/test_standin_lab_tree.py", "tests/lab/test_lab_hosts.py", "tests/smoke/test_smoke_lab.py",
+              "tests/lab/test_profile_init_lab.py", "tests/lab/test_lab_faults.py"],
+    "lab-b": ["tests/deploy/test_deploy_lab.py", "tests/diagnose/test_diagnose_lab.py", "tests/lab/test_lab_ddtree.py",
+              "tests/lab/test_multigpu_lab.py", "tests/fleet/test_fleet_lab.py", "tests/lab/test_zz_lifecycle.py"],
+}
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every lab test in one xdist group, in file order, ahead of the rest; every other test in the
+    """The lab tests in their two xdist groups, in LAB_ORDER, ahead of the rest; every other test in the
     group of its file. Runs before xdist reads the groups (it does so in its own hook, later)."""
+    where = {f: (g, i) for g, files in LAB_ORDER.items() for i, f in enumerate(files)}
     lab = [i for i in items if i.get_closest_marker("lab") is not None]
     rest = [i for i in items if i.get_closest_marker("lab") is None]
+    first = next(iter(LAB_ORDER))
+    place = {id(i): where.get(i.nodeid.split("::", 1)[0], (first, len(where))) for i in lab}
+    lab.sort(key=lambda i: (list(LAB_ORDER).index(place[id(i)][0]), place[id(i)][1]))  # stable: file order kept
     for item in lab:
-        item.add_marker(pytest.mark.xdist_group(LAB_GROUP))
+        item.add_marker(pytest.mark.xdist_group(place[id(item)][0]))
     for item in rest:
         item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
     items[:] = lab + rest
@@ -129,40 +147,36 @@ def _lab_unavailable() -> str | None:
     return None
 
 
-def _lock_path(home: "os.PathLike[str]") -> str:
-    # the lab's hosts (netns and machine names) are global to the machine, whatever DDTREE_LAB_HOME
-    # a session uses (CI runs with a fresh one): one lock for the machine, not one per lab home
-    return "/run/lock/ddtree-ops-lab-tests.lock" if os.path.isdir("/run/lock") else os.path.join(home, "tests.lock")
-
-
 @pytest.fixture(scope="session")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The lab, shared by every process of every session that uses it (labkit.LabUse): its first two
+    hosts booted once (the tests that need more grow it: the fleet's and the multi-GPU ones, while the
+    other worker goes on with the first two), taken down by the last process of the run that booted it."""
     reason = _lab_unavailable()
     if reason:
         pytest.skip(reason)
-    # the run's own directory, shared by its xdist workers
-    split = labkit.second_lab_worker(tmp_path_factory.getbasetemp().parent, os.environ.get("PYTEST_XDIST_WORKER"))
-    if split:
-        pytest.fail(split, pytrace=False)
-    import fcntl
-
     from ddtree_ops.lab import api
+    from ddtree_ops.lab.hosts import HOSTS
 
     handle = api.Lab()
-    # one test session drives the lab at a time: faults and restarts from another would race ours
-    handle.paths.home.mkdir(parents=True, exist_ok=True)
-    guard = open(_lock_path(handle.paths.home), "w")
-    try:
-        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print("\nwaiting for another test session to finish with the lab ...", flush=True)
-        fcntl.flock(guard, fcntl.LOCK_EX)
-    started = not api.is_up(handle.paths)
-    if started:
-        api.up(handle.paths, log=lambda _m: None)
+    base = tmp_path_factory.getbasetemp()
+    # the run's own directory, shared by its xdist workers (a plain run: its own base directory)
+    run_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    use = labkit.LabUse(handle.paths.home, run_dir)
+    use.bring_up(lambda: api.is_up(handle.paths), lambda count: api.up(handle.paths, count=count, log=lambda _m: None),
+                 len(HOSTS))
     try:
         yield handle
     finally:
-        if started and not os.environ.get("DDTREE_LAB_KEEP"):
-            api.down(handle.paths, log=lambda _m: None)
-        guard.close()
+        use.leave(lambda: api.down(handle.paths, log=lambda _m: None), keep=bool(os.environ.get("DDTREE_LAB_KEEP")))
+
+
+@pytest.fixture(autouse=True)
+def lab_hosts_held(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A lab test holds the lab hosts it touches (its `hosts` mark) from before its first fixture to
+    after its last: a test of another worker, or of another session, that needs one of them waits."""
+    if request.node.get_closest_marker("lab") is None:
+        yield
+        return
+    with labkit.hosts_held(labkit.lab_hosts_of(request.node)):
+        yield

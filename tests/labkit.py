@@ -7,6 +7,7 @@ Everything a test reads is inside this repository (test data lives under tests/d
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, Sequence
 
 from ddtree_ops.host import HttpUnavailable
 
@@ -173,29 +174,102 @@ def back_to_baseline(lab: Any, host: str) -> None:
     ever passed (still the lab's hand-made NEXTN unit) is brought there by a NEXTN deploy."""
     lab.clear(host)
     res = run(lab, "rollback", host, "--yes")
+    if res.returncode != 0 and f"(pid {os.getpid()})" in res.stderr and "deploy lock held by" in res.stderr:
+        # an in-process deploy of an earlier test in this very process lost its connection before it could
+        # release the lock (it said so); nothing of ours runs now, so that lock is dead: one failed test
+        # must not fail every later test on the host
+        run(lab, "lock", "release", host)
+        res = run(lab, "rollback", host, "--yes")
     if res.returncode == 3 and "no release has passed" in res.stderr:
         res = run(lab, "deploy", host, "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
     assert res.returncode == 0, res.stderr[-3000:]
 
 
-# --------------------------------------------------------------------------- one worker drives the lab
+# --------------------------------------------------------------------------- the lab shared by processes
 
 
-def second_lab_worker(run_dir: Path, worker: str | None) -> str | None:
-    """Under pytest-xdist every lab test runs in one worker (the lab group, tests/conftest.py). Were they
-    split, a second worker would wait on the lab lock for the first one's whole session, then drive the
-    lab again. The first worker to ask leaves its name in the run's own directory; a second one gets
-    the message that fails its run, naming both."""
-    if not worker:
-        return None
-    mark = run_dir / "lab-worker"
+LOCKS = Path("/run/lock")  # the lab's hosts (netns, machine names) are global to the machine: so are its locks
+
+
+def _lock_dir() -> Path:
+    return LOCKS if LOCKS.is_dir() else Path("/tmp")
+
+
+def lab_hosts_of(item: Any) -> tuple[str, ...]:
+    """The lab hosts a lab test (a pytest item) touches: its (or its module's) `hosts` mark, else the
+    first two."""
+    from ddtree_ops.lab.hosts import HOSTS
+
+    mark = item.get_closest_marker("hosts")
+    return tuple(mark.args) if mark is not None else HOSTS
+
+
+@contextlib.contextmanager
+def hosts_held(hosts: Sequence[str], lock_dir: Path | None = None) -> Iterator[None]:
+    """Hold the named lab hosts (one flock each, taken in name order so two holders never wait on each
+    other crosswise) until the block ends: a test driving a host's service, its faults or its load
+    must not meet another test's on the same host, from another worker or another session."""
+    import fcntl
+
+    held = []
     try:
-        with open(mark, "x") as fh:
-            fh.write(worker)
-        return None
-    except FileExistsError:
-        first = mark.read_text()
-    if first == worker:
-        return None
-    return (f"lab tests reached two xdist workers ({first} and {worker}): the lab group is not in effect "
-            "(`make test` runs `--dist loadgroup` with pytest 9.1, see pyproject.toml's test extra)")
+        for name in sorted(set(hosts)):
+            fh = open((lock_dir or _lock_dir()) / f"ddtree-ops-lab-host-{name}.lock", "w")
+            held.append(fh)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+    finally:
+        for fh in reversed(held):
+            fh.close()
+
+
+class LabUse:
+    """One process's use of the lab, shared with every other process using it (the run's xdist workers,
+    another session): each user holds a shared lock for as long as it uses the lab; the lab is booted
+    under an exclusive one (once, with every host asked for); and the run that booted it takes it down
+    when its last user leaves, never while another process still uses it."""
+
+    def __init__(self, home: Path, run_dir: Path, lock_dir: Path | None = None) -> None:
+        import fcntl
+
+        self.run_dir = run_dir
+        locks = lock_dir or _lock_dir()
+        self.boot_lock = locks / "ddtree-ops-lab-boot.lock"
+        self.users = open(locks / "ddtree-ops-lab-users.lock", "w")
+        fcntl.flock(self.users, fcntl.LOCK_SH)
+
+    @property
+    def booted_by_this_run(self) -> Path:
+        return self.run_dir / "lab-booted-by-this-run"
+
+    def bring_up(self, is_up: Callable[[], bool], up: Callable[[int], Any], count: int) -> None:
+        """`up(count)` under the boot lock (it boots only the hosts that are missing); the run that
+        found no lab at all is the one that booted it."""
+        import fcntl
+
+        with open(self.boot_lock, "w") as guard:
+            fcntl.flock(guard, fcntl.LOCK_EX)
+            if not is_up():
+                self.booted_by_this_run.touch()
+            up(count)
+
+    def leave(self, down: Callable[[], Any], keep: bool = False) -> bool:
+        """Stop using the lab; take it down if this run booted it, `keep` is not set and no other
+        process uses it (the last user of the run gets here with nobody else holding the lock).
+        Returns whether it went down."""
+        import fcntl
+
+        try:
+            if keep or not self.booted_by_this_run.exists():
+                return False
+            try:
+                fcntl.flock(self.users, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False  # another user: the last one of this run takes it down
+            with open(self.boot_lock, "w") as guard:
+                fcntl.flock(guard, fcntl.LOCK_EX)
+                down()
+                self.booted_by_this_run.unlink(missing_ok=True)
+            return True
+        finally:
+            self.users.close()

@@ -206,8 +206,12 @@ def write_ssh_files(paths: Paths, states: Sequence[HostState]) -> None:
                 "  StrictHostKeyChecking yes", "  ConnectTimeout 5", "  LogLevel ERROR", ""]
         pub = paths.host_key(h.name).with_name(paths.host_key(h.name).name + ".pub").read_text().split()
         known.append(f"{h.name},{h.address} {pub[0]} {pub[1]}")
-    paths.ssh_config.write_text("\n".join(cfg))
-    paths.known_hosts.write_text("\n".join(known) + "\n")
+    # replaced whole, never rewritten in place: a lab that grows while commands run against its first
+    # hosts (the test suite's two lab workers) must not show them a half-written file
+    for path, text in ((paths.known_hosts, "\n".join(known) + "\n"), (paths.ssh_config, "\n".join(cfg))):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)
 
 
 # --------------------------------------------------------------------------- process helpers

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from labkit import back_to_baseline, snapshot, start, tool, wait_for
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.hosts("ct200")]
 QUICK = ["--set", "gate.stay_healthy_s=2"]
 
 

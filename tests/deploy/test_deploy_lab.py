@@ -20,13 +20,14 @@ from labkit import back_to_baseline, run, wait_for
 
 from ddtree_ops.deploy import deploy
 from ddtree_ops.host import HostKeyError, HostUnreachable, SudoPasswordRequired
+from ddtree_ops.lab.hosts import lab_hosts
 from ddtree_ops.observe import unit_state
 from ddtree_ops.profile import load_profile
 from ddtree_ops.releases import Layout, read_state
 from ddtree_ops.ssh import connect
 from ddtree_ops.status import DeployExit
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.hosts("ct129")]
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["gate.stay_healthy_s=3"]
 STATE = "/var/lib/ddtree-ops/sglang"  # the service's state directory on the host (its lock, pending.json)
@@ -60,23 +61,18 @@ def assert_known_good_serving(lab: Any, host: str) -> None:
         assert info["speculative_algorithm"] in ("NEXTN", "EAGLE"), info["speculative_algorithm"]
 
 
-# ct129 was left on its baseline and checked by the last test of this module that used the fixture (and
-# nothing of this module touches its service between two such tests): the next one need not check again
-_CHECKED: set[str] = set()
-
-
 @pytest.fixture
 def ct129(lab: Any) -> Any:
-    """ct129 on its NEXTN rollback target before and after the test, whatever the test did."""
-    if "ct129" not in _CHECKED:
-        back_to_baseline(lab, "ct129")
-    _CHECKED.discard("ct129")
+    """ct129 on its NEXTN rollback target before and after the test, whatever the test did. Checked
+    before each test, not only after the last one of this module: the other lab worker's tests use
+    ct129 between two of these (each leaves it healthy, not necessarily on the tool's release)."""
+    back_to_baseline(lab, "ct129")
     yield "ct129"
     back_to_baseline(lab, "ct129")
     assert_known_good_serving(lab, "ct129")
-    _CHECKED.add("ct129")
 
 
+@pytest.mark.hosts("ct200")
 def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
     res = cli(lab, "deploy", "ct200", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
     assert res.returncode == 0, res.stderr[-2000:]
@@ -176,6 +172,8 @@ def test_two_deploys_at_once_one_is_refused(lab: Any, ct129: str) -> None:
     assert first.returncode == DeployExit.OK, first_out[1][-2000:]
 
 
+# `rollback` with no HOST reads every host of the inventory: no other test may have a change pending on one
+@pytest.mark.hosts(*lab_hosts(6))
 def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: Any, ct129: str) -> None:
     env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config)}
     lab.fault(ct129, "slow-start", seconds=4)  # the rollback below gates this start to its end: not 16 s more
@@ -253,6 +251,7 @@ def test_full_disk_while_writing_the_unit_leaves_no_partial_file(lab: Any, ct129
         lab.exec(ct129, ["sh", "-c", f"umount {unit_dir}; umount /run/full"])
 
 
+@pytest.mark.hosts()  # refused at the SSH handshake: the host's service is not touched
 def test_changed_host_key_is_refused_before_anything(lab: Any, tmp_path: Path) -> None:
     kh = tmp_path / "known_hosts"
     text = Path(lab.ssh_config).read_text()
@@ -271,7 +270,7 @@ def test_changed_host_key_is_refused_before_anything(lab: Any, tmp_path: Path) -
     assert res.returncode == 3 and "HOST KEY CHANGED" in res.stderr
 
 
-def test_sudo_that_needs_a_password_is_refused_before_any_change(lab: Any) -> None:
+def test_sudo_that_needs_a_password_is_refused_before_any_change(lab: Any, ct129: str) -> None:
     lab.exec("ct129", ["sh", "-c", "id deploy >/dev/null 2>&1 || useradd -m deploy; "
                                    "mkdir -p ~deploy/.ssh && cp /root/.ssh/authorized_keys ~deploy/.ssh/ && "
                                    "chown -R deploy ~deploy/.ssh; echo 'deploy ALL=(ALL) ALL' > /etc/sudoers.d/deploy"])
@@ -285,6 +284,7 @@ def test_sudo_that_needs_a_password_is_refused_before_any_change(lab: Any) -> No
     assert_known_good_serving(lab, "ct129")
 
 
+@pytest.mark.hosts()  # an address no lab host has
 def test_unreachable_host_is_refused_with_exit_3(lab: Any, tmp_path: Path) -> None:
     cfg = tmp_path / "cfg"
     cfg.write_text("Host ct129\n  HostName 10.200.0.250\n  ConnectTimeout 2\n")

@@ -18,11 +18,14 @@ from ddtree_ops.lab.api import LoadPlan
 
 pytestmark = pytest.mark.lab
 QUICK = ["--set", "gate.stay_healthy_s=2"]
-# the lab's rounds come at about a thousand a minute (test_standin_lab_tree): 600 exact rounds before
-# the switch and again live keep each step under a minute, well above what the verdict needs to resolve
+# the lab's shadow gathers about a thousand exact rounds in half a minute (test_standin_lab_tree): 600
+# before the switch and again live keep each step well under a minute, and well above what the verdict
+# needs to resolve
 BAR = ["--min-rounds", "600", "--live-deadline", "150"]
-SHADOW_LOAD = LoadPlan(seconds=50)
-LIVE_LOAD = LoadPlan(seconds=300)  # runs through the switch; stopped once the command returns
+SHADOW_LOAD = LoadPlan(seconds=25)
+# runs through the switch, held back while /health says the service is stopping or starting (as a load
+# balancer holds it: lab load); stopped once the command returns
+LIVE_LOAD = LoadPlan(seconds=300)
 
 
 @pytest.fixture
@@ -53,7 +56,7 @@ def promote(lab: Any, host: str, *extra: str) -> tuple[int, dict[str, Any], str]
     return rc, doc, err
 
 
-@pytest.mark.parametrize("on_shadow", ["ct200"], indirect=True)
+@pytest.mark.parametrize("on_shadow", [pytest.param("ct200", marks=pytest.mark.hosts("ct200"))], indirect=True)
 def test_ct200_promotes_a_tree_that_keeps_its_promise_and_rolls_back_one_that_does_not(
         lab: Any, on_shadow: str) -> None:
     host = on_shadow
@@ -95,7 +98,7 @@ def test_ct200_promotes_a_tree_that_keeps_its_promise_and_rolls_back_one_that_do
     assert attempts[0] == ("promote", current, "passed")
 
 
-@pytest.mark.parametrize("on_shadow", ["ct129"], indirect=True)
+@pytest.mark.parametrize("on_shadow", [pytest.param("ct129", marks=pytest.mark.hosts("ct129"))], indirect=True)
 def test_ct129s_shadow_does_not_clear_the_bar_so_promote_holds_and_changes_nothing(lab: Any, on_shadow: str) -> None:
     """The A6000 class: the tree's verify costs more than its extra tokens bring (docs/lab.md)."""
     host = on_shadow

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.hosts("ct129")]
 REPO = Path(__file__).resolve().parents[2]
 
 

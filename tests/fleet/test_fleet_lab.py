@@ -22,8 +22,8 @@ from typing import Any, Iterator
 import pytest
 from labkit import start, tool
 
-pytestmark = pytest.mark.lab
 HOSTS = ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]
+pytestmark = [pytest.mark.lab, pytest.mark.hosts(*HOSTS)]
 WAVES = [["ct129"], ["ct200", "ct130"], ["ct201", "ct131"], ["ct202"]]
 RUN = secrets.token_hex(3)  # a release of its own for each test of each run (a lab kept up sees the last run's)
 SLOW_S = 8  # the slow-start faults' length: the wave is still gated when it is interrupted (~16 s from its pending record)

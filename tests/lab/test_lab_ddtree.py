@@ -18,7 +18,7 @@ from ddtree_ops.wheel import pack
 from labkit import PORT, generate, restart, show, wait_for, wait_journal
 from standin_proc import plugin_source
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.hosts("ct129")]
 PIP = "/opt/sglang/venv/bin/pip"
 
 

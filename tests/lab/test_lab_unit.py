@@ -146,9 +146,51 @@ def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_p
         hosts.lab_hosts(65)
 
 
-def test_a_second_xdist_worker_with_lab_tests_is_named(tmp_path: Path) -> None:
-    from labkit import second_lab_worker
+def test_the_lab_goes_down_with_the_last_process_of_the_run_that_booted_it(tmp_path: Path) -> None:
+    """Two workers of one run share the lab: the first to ask boots it, the first to leave keeps it up
+    for the other, the last one takes it down; a lab some other run booted is left up."""
+    from labkit import LabUse
 
-    assert second_lab_worker(tmp_path, None) is None  # not under xdist: nothing to guard
-    assert second_lab_worker(tmp_path, "gw1") is None and second_lab_worker(tmp_path, "gw1") is None
-    assert "two xdist workers (gw1 and gw0)" in second_lab_worker(tmp_path, "gw0")
+    up, downs = [], []
+    lab_state = {"up": False}
+
+    def boot(count: int) -> None:
+        up.append(count)
+        lab_state["up"] = True
+
+    run = tmp_path / "run"
+    run.mkdir()
+    a, b = LabUse(tmp_path, run, tmp_path), LabUse(tmp_path, run, tmp_path)
+    a.bring_up(lambda: lab_state["up"], boot, 6)
+    b.bring_up(lambda: lab_state["up"], boot, 6)
+    assert up == [6, 6]                              # up() itself boots only what is missing
+    assert a.leave(lambda: downs.append("a")) is False and downs == []     # b still uses it
+    assert b.leave(lambda: downs.append("b")) is True and downs == ["b"]
+    other = tmp_path / "other-run"
+    other.mkdir()
+    c = LabUse(tmp_path, other, tmp_path)
+    c.bring_up(lambda: True, lambda _n: None, 2)     # found up: booted by someone else
+    assert c.leave(lambda: downs.append("c")) is False and downs == ["b"]
+
+
+def test_a_held_host_waits_for_its_holder_and_other_hosts_do_not(tmp_path: Path) -> None:
+    import threading
+    import time
+
+    from labkit import hosts_held
+
+    events: list[str] = []
+    with hosts_held(["ct200", "ct129"], tmp_path):
+        def other(hosts: list[str], name: str) -> None:
+            with hosts_held(hosts, tmp_path):
+                events.append(name)
+
+        t1 = threading.Thread(target=other, args=(["ct129"], "ct129 got it"))
+        t2 = threading.Thread(target=other, args=(["ct130"], "ct130 got it"))
+        t1.start()
+        t2.start()
+        t2.join(5)
+        time.sleep(0.3)
+        assert events == ["ct130 got it"]          # ct129 is held by this block
+    t1.join(5)
+    assert events == ["ct130 got it", "ct129 got it"]

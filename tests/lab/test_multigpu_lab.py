@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 from labkit import tool
 
-pytestmark = pytest.mark.lab
+pytestmark = [pytest.mark.lab, pytest.mark.hosts("ct201", "ct202")]
 RUN = secrets.token_hex(3)  # a lab kept up between runs holds the last run's releases
 TP2 = ["--set", "parallel.tp_size=2", "--set", "gpus=[0, 1]"]
 PAIR = "pro6000-pair"

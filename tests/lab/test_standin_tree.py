@@ -190,6 +190,10 @@ def test_the_load_sends_greedy_batches_and_counts(tmp_path: Path) -> None:
     seen: list[Any] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - /health: serving (the load's balancer asks)
+            self.send_response(200)
+            self.end_headers()
+
         def do_POST(self) -> None:  # noqa: N802 - the stdlib's name
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append(body)
@@ -218,3 +222,42 @@ def test_the_load_sends_greedy_batches_and_counts(tmp_path: Path) -> None:
     assert out.startswith(f"ddtree-lab load: {ok} requests ({3 * ok} prompts) answered, 1 failed, in ")
     assert all(len(b["text"]) == 3 and b["sampling_params"] == {"temperature": 0, "max_new_tokens": 16} for b in seen)
     assert len({t for b in seen for t in b["text"]}) == 3 * len(seen)          # every prompt its own
+
+
+def test_the_stand_in_waits_out_a_share_of_the_simulated_rounds_and_reports_them_whole(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """treesim.PACE: a request served through the plugin's rounds reports their simulated seconds as its
+    e2e_latency, and the stand-in sleeps only PACE of that (the lab's loads gather rounds faster); a
+    request of a mode without the plugin sleeps its whole latency."""
+    import asyncio
+
+    from ddtree_ops.lab.standin import http
+
+    class Rounds:
+        tree = False
+
+        def serve(self, jobs: list[Any]) -> tuple[list[list[int]], float]:
+            return [j.chain for j in jobs], 2.0            # 2 s of simulated verify forwards
+
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(http.asyncio, "sleep", sleep)
+
+    def answer(shadow: Any) -> float:
+        state = http.State(model_path="m", served_model_name="m", context_len=4096, max_total_num_tokens=4096,
+                           speculative=True, accept_mean=3.0, accept_spread=0.5, draft_window=8, step_s=0.01,
+                           server_info={}, model_info={}, enable_metrics=False, cuda_graph=True, shadow=shadow,
+                           phase="ready", log_batches=False)
+        status, doc, _ = asyncio.run(http.Handler(state).generate(
+            {"text": "tell me", "sampling_params": {"temperature": 0, "max_new_tokens": 32}}))
+        assert status == 200
+        return float(doc["meta_info"]["e2e_latency"])
+
+    latency = answer(Rounds())
+    assert latency > 2.0 and slept == [pytest.approx(latency * treesim.PACE, rel=1e-3)]
+    slept.clear()
+    latency = answer(None)
+    assert slept == [pytest.approx(latency, rel=1e-3)]

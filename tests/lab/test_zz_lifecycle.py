@@ -13,7 +13,8 @@ import pytest
 from ddtree_ops.lab import api, hosts, machine
 from ddtree_ops.lab.machine import LabState
 
-pytestmark = pytest.mark.lab
+# it takes the whole lab down: every host the suite boots is held
+pytestmark = [pytest.mark.lab, pytest.mark.hosts(*hosts.lab_hosts(6))]
 
 
 def leftovers(lab: Any, names: list[str], pids: list[int], cgroups: list[list[str]]) -> list[str]:

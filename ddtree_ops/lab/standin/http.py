@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Optional
 
-from . import lines, sglog, textgen
+from . import lines, sglog, textgen, treesim
 from .shadow import Job
 
 NOT_FOUND = {"detail": "Not Found"}
@@ -173,15 +173,17 @@ class Handler:
             outs.append(out)
             steps.append(st)
             slowest = max(slowest, latency)
+        wait = slowest
         if self.state.shadow is not None and self.state.speculative:
             steps, slowest = self._plugin_rounds(outs, steps, params, slowest)
+            wait = slowest * treesim.PACE    # the plugin's simulated rounds, compressed (treesim.PACE)
         rids = [o["meta_info"]["id"] for o in outs]
         for rid in rids:
             self.state.inflight[rid] = time.monotonic()
         try:
             if self.state.log_batches:
                 self._log_batches(outs, steps)
-            await asyncio.sleep(slowest)
+            await asyncio.sleep(wait)
         finally:
             for rid in rids:
                 self.state.inflight.pop(rid, None)

@@ -23,6 +23,11 @@ cards' figures are their datasheets'. The RTX A6000 has a third of the RTX PRO 6
 throughput for 43% of its bandwidth, so the same tree costs it more chain rounds: its measured r is
 higher. Each forward is jittered by JITTER (seeded) so the measurement has a measurement's spread.
 
+The pace (`PACE`). The stand-in waits out a quarter of the simulated verify time of a request's
+rounds: a lab load gathers rounds four times as fast as the simulated card would serve them, as the
+stand-in's start compresses SGLang's. Every figure keeps the simulated time (the plugin's measured r,
+the request's e2e_latency): only the wall clock between two requests shrinks.
+
 The backend (`SimTreeVerify`): what SGLang's own tree verify will do on a GPU (issue 33), on this
 world: the draft (through the plugin's folded top-K), the plugin's tree, the target's choice at every
 node, the walk committed. The lab fault `tree-mask` breaks the mask the way a real tree-attention bug
@@ -42,6 +47,7 @@ P_TOP1 = 0.75            # the draft's top-1 probability (how often it is right 
 ALPHA = 2.5              # the tail: rank r >= 1 holds (1 - P_TOP1) * r ** -ALPHA / H of the mass
 MMA_EFF = 0.5            # share of the datasheet tensor throughput a verify GEMM of a few hundred rows gets
 JITTER = 0.02            # relative spread of one forward's time
+PACE = 0.25              # the share of the simulated verify time the stand-in waits out (the module docstring)
 # datasheet figures: memory bandwidth (bytes/s), dense BF16 tensor FLOP/s with FP32 accumulate
 CARDS = {
     "RTX A6000": (768e9, 154.8e12),
