@@ -1,9 +1,9 @@
 """Session fixtures shared by every test directory, and what the suite pins about the machine.
 
 `lab`: the lab hosts (real systemd + journald + sshd in nspawn containers, the SGLang stand-in): ct129
-and ct200, and the extra hosts the selected tests name (`hosts` mark; the fleet tests use six), booted
-once if they are not up, reused if they are, and taken down by the last process of the run that booted
-them unless DDTREE_LAB_KEEP is set (labkit.LabUse). Mark tests that use it `@pytest.mark.lab`, and
+and ct200, booted once if they are not up (the tests that need more grow the lab: `lab.grow(6)`),
+reused if they are, and taken down by the last process of the run that booted them unless
+DDTREE_LAB_KEEP is set (labkit.LabUse). Mark tests that use it `@pytest.mark.lab`, and
 `@pytest.mark.hosts(...)` where they touch other hosts than ct129 and ct200 or only one of them: the
 test holds those hosts while it runs. API (ddtree_ops.lab.api.Lab): `lab.ssh_config`, `lab.hosts`,
 `lab.grow(n)`, `lab.inventory`, `lab.connect(host)`, `lab.fault(host, name)`, `lab.clear(host)`,
@@ -162,7 +162,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     base = tmp_path_factory.getbasetemp()
     # the run's own directory, shared by its xdist workers (a plain run: its own base directory)
     run_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
-    use = labkit.LabUse(handle.paths.home, run_dir)
+    use = labkit.LabUse(run_dir)
     use.bring_up(lambda: api.is_up(handle.paths), lambda count: api.up(handle.paths, count=count, log=lambda _m: None),
                  len(HOSTS))
     try:

@@ -229,7 +229,7 @@ class LabUse:
     under an exclusive one (once, with every host asked for); and the run that booted it takes it down
     when its last user leaves, never while another process still uses it."""
 
-    def __init__(self, home: Path, run_dir: Path, lock_dir: Path | None = None) -> None:
+    def __init__(self, run_dir: Path, lock_dir: Path | None = None) -> None:
         import fcntl
 
         self.run_dir = run_dir

@@ -160,7 +160,7 @@ def test_the_lab_goes_down_with_the_last_process_of_the_run_that_booted_it(tmp_p
 
     run = tmp_path / "run"
     run.mkdir()
-    a, b = LabUse(tmp_path, run, tmp_path), LabUse(tmp_path, run, tmp_path)
+    a, b = LabUse(run, tmp_path), LabUse(run, tmp_path)
     a.bring_up(lambda: lab_state["up"], boot, 6)
     b.bring_up(lambda: lab_state["up"], boot, 6)
     assert up == [6, 6]                              # up() itself boots only what is missing
@@ -168,7 +168,7 @@ def test_the_lab_goes_down_with_the_last_process_of_the_run_that_booted_it(tmp_p
     assert b.leave(lambda: downs.append("b")) is True and downs == ["b"]
     other = tmp_path / "other-run"
     other.mkdir()
-    c = LabUse(tmp_path, other, tmp_path)
+    c = LabUse(other, tmp_path)
     c.bring_up(lambda: True, lambda _n: None, 2)     # found up: booted by someone else
     assert c.leave(lambda: downs.append("c")) is False and downs == ["b"]
 
