@@ -8,6 +8,7 @@ Everything a test reads is inside this repository (test data lives under tests/d
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -209,8 +210,6 @@ def hosts_held(hosts: Sequence[str], lock_dir: Path | None = None) -> Iterator[N
     """Hold the named lab hosts (one flock each, taken in name order so two holders never wait on each
     other crosswise) until the block ends: a test driving a host's service, its faults or its load
     must not meet another test's on the same host, from another worker or another session."""
-    import fcntl
-
     held = []
     try:
         for name in sorted(set(hosts)):
@@ -226,12 +225,10 @@ def hosts_held(hosts: Sequence[str], lock_dir: Path | None = None) -> Iterator[N
 class LabUse:
     """One process's use of the lab, shared with every other process using it (the run's xdist workers,
     another session): each user holds a shared lock for as long as it uses the lab; the lab is booted
-    under an exclusive one (once, with every host asked for); and the run that booted it takes it down
+    under an exclusive one (once; a later `up` only boots what is missing); and the run that booted it takes it down
     when its last user leaves, never while another process still uses it."""
 
     def __init__(self, run_dir: Path, lock_dir: Path | None = None) -> None:
-        import fcntl
-
         self.run_dir = run_dir
         locks = lock_dir or _lock_dir()
         self.boot_lock = locks / "ddtree-ops-lab-boot.lock"
@@ -245,8 +242,6 @@ class LabUse:
     def bring_up(self, is_up: Callable[[], bool], up: Callable[[int], Any], count: int) -> None:
         """`up(count)` under the boot lock (it boots only the hosts that are missing); the run that
         found no lab at all is the one that booted it."""
-        import fcntl
-
         with open(self.boot_lock, "w") as guard:
             fcntl.flock(guard, fcntl.LOCK_EX)
             if not is_up():
@@ -257,8 +252,6 @@ class LabUse:
         """Stop using the lab; take it down if this run booted it, `keep` is not set and no other
         process uses it (the last user of the run gets here with nobody else holding the lock).
         Returns whether it went down."""
-        import fcntl
-
         try:
             if keep or not self.booted_by_this_run.exists():
                 return False

@@ -74,9 +74,7 @@ def _write_inventory(paths: Paths, hosts: Sequence[str]) -> None:
     order = lab_hosts(MAX_HOSTS)
     ordered = sorted(hosts, key=lambda h: order.index(h) if h in order else len(order))
     paths.home.mkdir(parents=True, exist_ok=True)
-    tmp = paths.inventory.with_suffix(".tmp")
-    tmp.write_text(inventory_text(ordered, f"ddtree-ops lab up --hosts {len(ordered)}"))
-    os.replace(tmp, paths.inventory)
+    machine.write_atomic(paths.inventory, inventory_text(ordered, f"ddtree-ops lab up --hosts {len(ordered)}"))
 
 
 def is_up(paths: Paths, hosts: Sequence[str] = HOSTS) -> bool:

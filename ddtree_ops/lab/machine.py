@@ -59,10 +59,17 @@ class LabState:
 
     def save(self, paths: Paths) -> None:
         paths.run.mkdir(parents=True, exist_ok=True)
-        tmp = paths.state.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"hosts": {k: asdict(v) for k, v in self.hosts.items()}, "started": self.started},
-                                  indent=2))
-        os.replace(tmp, paths.state)
+        write_atomic(paths.state, json.dumps({"hosts": {k: asdict(v) for k, v in self.hosts.items()},
+                                              "started": self.started}, indent=2))
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` whole (a temp file beside it, then a rename): the lab's state, inventory and ssh
+    files are read by other processes while the lab changes (a lab that grows while commands run
+    against its first hosts, as the test suite's two lab workers do), and must never be half-written."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def host_state(paths: Paths, host: str) -> HostState:
@@ -206,12 +213,8 @@ def write_ssh_files(paths: Paths, states: Sequence[HostState]) -> None:
                 "  StrictHostKeyChecking yes", "  ConnectTimeout 5", "  LogLevel ERROR", ""]
         pub = paths.host_key(h.name).with_name(paths.host_key(h.name).name + ".pub").read_text().split()
         known.append(f"{h.name},{h.address} {pub[0]} {pub[1]}")
-    # replaced whole, never rewritten in place: a lab that grows while commands run against its first
-    # hosts (the test suite's two lab workers) must not show them a half-written file
-    for path, text in ((paths.known_hosts, "\n".join(known) + "\n"), (paths.ssh_config, "\n".join(cfg))):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+    write_atomic(paths.known_hosts, "\n".join(known) + "\n")
+    write_atomic(paths.ssh_config, "\n".join(cfg))
 
 
 # --------------------------------------------------------------------------- process helpers
