@@ -431,7 +431,6 @@ class Lab:
         self.clear(host)
         profile = _profiles([host], self.paths)[host]
         with self.connect(host) as conn:
-            conn.run(["systemctl", "reset-failed", profile.service.unit], timeout=30)
             conn.run(["systemctl", "stop", profile.service.unit], timeout=60)
             seed_nextn(conn, profile)
 

@@ -22,6 +22,10 @@ def seed_nextn(host: Host, profile: Any, *, timeout: float = 120.0) -> Any:
     host.put(r.env_path, r.env_text.encode(), mode=0o600)
     host.put(r.unit_path, r.unit_text.encode(), mode=0o644)
     host.run(["systemctl", "daemon-reload"], timeout=60).check("daemon-reload")
+    # a stop just before (a restore) can end "failed": SGLang's scheduler dying of the SIGTERM first makes
+    # the parent SIGKILL itself, as real SGLang does. Until the queued start begins, is-active would say
+    # "failed" for that stop, and the poll below would take it for this start's failure.
+    host.run(["systemctl", "reset-failed", r.unit_name], timeout=30)
     # --no-block: the unit stays "activating" until its readiness probe passes; we poll instead
     host.run(["systemctl", "enable", "--now", "--no-block", r.unit_name], timeout=60).check("enable --now")
     wait_healthy(host, profile, timeout=timeout)

@@ -12,7 +12,6 @@ import json
 import multiprocessing
 import os
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -111,12 +110,6 @@ def install_tree_backend(pdir: Path) -> None:
     info.mkdir(parents=True, exist_ok=True)
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-standin-local\nVersion: 0.0.0\n")
     (info / "entry_points.txt").write_text("[ddtree_ops.tree_verify]\n* = ddtree_ops.lab.standin.treesim:SimTreeVerify\n")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def nextn_argv(port: int) -> list[str]:

@@ -22,7 +22,8 @@ from typing import Iterator
 import pytest
 
 from ddtree_ops.lab.standin import milestones
-from standin_proc import H200, NEGCTL, Standin, free_port, install_plugin, start
+from ports import free_port
+from standin_proc import H200, NEGCTL, Standin, install_plugin, start
 
 if importlib.util.find_spec("sglang") is None:  # found, not imported: only the stand-ins' forkserver imports it
     pytest.skip("needs sglang (the stand-in runs its parser)", allow_module_level=True)

@@ -17,7 +17,8 @@ import pytest
 
 from ddtree_ops.lab.standin import simgpu
 
-from standin_proc import Standin, ddtree_argv, free_port, nextn_argv, start
+from ports import free_port
+from standin_proc import Standin, ddtree_argv, nextn_argv, start
 
 if importlib.util.find_spec("sglang") is None:  # found, not imported: only the stand-ins' forkserver imports it
     pytest.skip("needs sglang (the stand-in runs its parser)", allow_module_level=True)

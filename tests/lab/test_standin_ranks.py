@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import pytest
-from standin_proc import A6000, Standin, free_port, nextn_argv, start
+from ports import free_port
+from standin_proc import A6000, Standin, nextn_argv, start
 
 from ddtree_ops.diagnose.classify import Scanner
 from ddtree_ops.lab.standin import simgpu

@@ -18,7 +18,8 @@ import pytest
 from ddtree_ops.lab.standin import shadow, textgen, treesim
 from ddtree_ops.treestats import FROM_MEASURED, KEEP_CHAIN, INCONCLUSIVE, PROMOTE, parse_metrics, verdict
 
-from standin_proc import Standin, ddtree_argv, free_port, install_tree_backend, start
+from ports import free_port
+from standin_proc import Standin, ddtree_argv, install_tree_backend, start
 
 A6000 = types.SimpleNamespace(name="NVIDIA RTX A6000", compute_cap="8.6")
 PRO6000 = types.SimpleNamespace(name="NVIDIA RTX PRO 6000 Blackwell Workstation Edition", compute_cap="12.0")

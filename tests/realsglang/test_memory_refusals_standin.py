@@ -8,34 +8,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_ports(n: int) -> int:
-    for base in range(43000, 49000, 41):
-        try:
-            socks = [socket.socket() for _ in range(n)]
-            try:
-                for i, s in enumerate(socks):
-                    s.bind(("127.0.0.1", base + i))
-            finally:
-                for s in socks:
-                    s.close()
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
 
 
 def test_memory_probe_files_and_a_refusal_through_the_runner(tmp_path: Path) -> None:

@@ -6,36 +6,19 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tarfile
 from pathlib import Path
 
 import pytest
+from ports import free_ports
 
 pytest.importorskip("sglang")
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "realsglang"
-
-
-def free_ports(n: int) -> int:
-    for base in range(42000, 49000, 53):
-        socks = []
-        try:
-            for i in range(n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", base + i))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no {n} free ports")
 
 
 def unpack(bundle: Path, where: Path) -> Path:

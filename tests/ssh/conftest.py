@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from ports import free_port
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -35,12 +36,6 @@ class Sshd:
         return cfg
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Sshd:
     if not Path(SSHD).exists():
@@ -49,7 +44,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Sshd:
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "client_key")], check=True)
     (d / "authorized_keys").write_text((d / "client_key.pub").read_text())
-    port = _free_port()
+    port = free_port()
     (d / "sshd_config").write_text(
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\nPidFile {d / 'sshd.pid'}\n"
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nPermitRootLogin prohibit-password\n"

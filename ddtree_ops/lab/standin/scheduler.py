@@ -192,6 +192,13 @@ class Scheduler:
                 code = child.poll() if child is not None else None
                 if self.watching and code not in (None, 0):
                     break
+            if self.watching and code == -signal.SIGTERM:
+                # the stop's SIGTERM reached this process with the child's (systemd and killpg signal the
+                # whole group at once) but its handler runs on a later turn of this loop. A real scheduler
+                # takes seconds to die, so SGLang logs "SIGTERM received" first; this child dies at once,
+                # and without the wait a poll that lands in between logged the crash first (a loaded CI
+                # box, 2026-12-05), which `diagnose` rightly reads as a crash with no stop before it
+                await asyncio.sleep(0.05)
             if self.watching and code not in (None, 0):
                 sglog.error(lines.SUBPROCESS_CRASHED.format(name=f"scheduler_{i}", pid=child.pid, code=code))
                 self.child_crashed, self.watching = True, False
