@@ -4,9 +4,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-sglang-cpu.txt scripts/install.sh | sha256sum | cut -c1-12)
-# three pytest-xdist workers: the lab tests (mostly waiting on real systemd) in two, each test holding the
+# four pytest-xdist workers: the lab tests (mostly waiting on real systemd) in three, each test holding the
 # lab hosts it touches, and every other test file beside them; tests/conftest.py makes the groups
-WORKERS ?= 3
+WORKERS ?= 4
 XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install packages test test-fast test-lab demo bench golden lab-down clean help

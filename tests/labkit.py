@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from ddtree_ops.host import HttpUnavailable
+from ddtree_ops.lab.hosts import lab_hosts
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -189,6 +190,8 @@ def back_to_baseline(lab: Any, host: str) -> None:
 # --------------------------------------------------------------------------- the lab shared by processes
 
 
+# every host the suite's lab has once the fleet tests grew it: ct129 and ct200, then the fleet's six
+SUITE_HOSTS = tuple(lab_hosts(8))
 LOCKS = Path("/run/lock")  # the lab's hosts (netns, machine names) are global to the machine: so are its locks
 
 
@@ -203,6 +206,13 @@ def lab_hosts_of(item: Any) -> tuple[str, ...]:
 
     mark = item.get_closest_marker("hosts")
     return tuple(mark.args) if mark is not None else HOSTS
+
+
+def one_host(name: str) -> Any:
+    """A parameter naming the one lab host its test touches, which that test holds (and no other)."""
+    import pytest
+
+    return pytest.param(name, marks=pytest.mark.hosts(name))
 
 
 @contextlib.contextmanager

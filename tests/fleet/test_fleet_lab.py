@@ -1,8 +1,10 @@
-"""Fleet deploys against six lab hosts (real systemd as PID 1, real sshd, real journald; the SGLang
-stand-in), through the CLI an operator types, with the lab's own inventory (groups lab, a6000,
-pro6000).
+"""Fleet deploys against six lab hosts of their own (real systemd as PID 1, real sshd, real journald;
+the SGLang stand-in), through the CLI an operator types, with an inventory of those six written the
+way `lab up` writes the lab's (groups lab, a6000, pro6000, pro6000x2). The hosts are the lab's
+third to eighth (ct130, ct201, ct131, ct202, ct132, ct203): the tests of ct129 and ct200 run beside
+these in other workers, and a fleet test never waits for them, nor they for it.
 
-Waves over `lab` with `--batch 2`: canary ct129, then [ct200, ct130], [ct201, ct131], [ct202].
+Waves over `lab` with `--batch 2`: canary ct130, then [ct201, ct131], [ct202, ct132], [ct203].
 Every test deploys a release of its own (`--set service.env.DDTREE_FLEET_TEST=<test>`; NEXTN, so
 the hosts stay on the known-good mode for the tests after these) and ends by asking the tool
 itself whether any host needs a rollback: none may (each serves its known-good release, healthy,
@@ -20,21 +22,42 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from labkit import start, tool
+from labkit import SUITE_HOSTS, start, tool
 
-HOSTS = ["ct129", "ct200", "ct130", "ct201", "ct131", "ct202"]
+from ddtree_ops.config.inventory import ENV_INVENTORY
+from ddtree_ops.lab import hosts as lab_hosts
+
+LAB = list(SUITE_HOSTS)
+HOSTS = LAB[2:]  # ct130, ct201, ct131, ct202, ct132, ct203
 pytestmark = [pytest.mark.lab, pytest.mark.hosts(*HOSTS)]
-WAVES = [["ct129"], ["ct200", "ct130"], ["ct201", "ct131"], ["ct202"]]
+WAVES = [["ct130"], ["ct201", "ct131"], ["ct202", "ct132"], ["ct203"]]
+A6000 = ["ct130", "ct131", "ct132"]
 RUN = secrets.token_hex(3)  # a release of its own for each test of each run (a lab kept up sees the last run's)
 SLOW_S = 8  # the slow-start faults' length: the wave is still gated when it is interrupted (~16 s from its pending record)
 
 
+class FleetLab:
+    """The lab as the fleet tests see it: every call goes to the lab, but the tool they run reads the
+    fleet's own inventory (the lab's own names every host up, ct129 and ct200 among them)."""
+
+    def __init__(self, lab: Any, inventory: Path) -> None:
+        self.lab, self.inventory = lab, inventory
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.lab, name)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**self.lab.env, ENV_INVENTORY: str(self.inventory)}
+
+
 @pytest.fixture(scope="module")
-def fleet(request: pytest.FixtureRequest) -> Iterator[Any]:
+def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     lab = request.getfixturevalue("lab")
-    hosts = lab.grow(6)
-    assert hosts[:6] == HOSTS
-    yield lab
+    assert lab.grow(len(LAB))[:len(LAB)] == LAB
+    inventory = tmp_path_factory.mktemp("fleet") / "fleet.yml"
+    inventory.write_text(lab_hosts.inventory_text(HOSTS, "test_fleet_lab"))
+    yield FleetLab(lab, inventory)
 
 
 @pytest.fixture(autouse=True)
@@ -96,14 +119,14 @@ def assert_untouched(lab: Any, hosts: list[str], before: dict[str, str], doc: di
 def test_a_failed_canary_touches_nothing_else(fleet: Any) -> None:
     others = HOSTS[1:]
     before = invocations(fleet, others)
-    fleet.fault("ct129", "libcuda-missing")
+    fleet.fault("ct130", "libcuda-missing")
     rc, doc, err = tool(fleet, *deploy_args("canary", "lab", "--batch", "2", "--max-fail", "100%", "--json"))
     assert rc == 1, err
     assert doc["waves"] == WAVES
     got = by_host(doc)
-    assert got["ct129"]["result"] == "rolled-back" and got["ct129"]["wave"] == 0
-    assert got["ct129"]["root_cause"]["label"] == "cuda_lib_load"
-    assert got["ct129"]["release"] == got["ct129"]["known_good"] != got["ct129"]["target_release"]
+    assert got["ct130"]["result"] == "rolled-back" and got["ct130"]["wave"] == 0
+    assert got["ct130"]["root_cause"]["label"] == "cuda_lib_load"
+    assert got["ct130"]["release"] == got["ct130"]["known_good"] != got["ct130"]["target_release"]
     assert {h: got[h]["result"] for h in others} == {h: "skipped" for h in others}
     assert all(got[h]["cause"] == "not started: the canary failed" for h in others)
     assert doc["stopped"] == "the canary failed: nothing else was touched"
@@ -111,27 +134,27 @@ def test_a_failed_canary_touches_nothing_else(fleet: Any) -> None:
 
 
 def test_one_failure_with_max_fail_0_ends_the_rollout_after_its_wave(fleet: Any) -> None:
-    later = ["ct201", "ct131", "ct202"]
+    later = [*WAVES[2], *WAVES[3]]
     before = invocations(fleet, later)
-    fleet.fault("ct130", "libcuda-missing")
+    fleet.fault("ct131", "libcuda-missing")
     rc, doc, err = tool(fleet, *deploy_args("budget0", "lab", "--batch", "2", "--max-fail", "0", "--json"))
     assert rc == 1, err
-    assert results(doc) == {"ct129": "ok", "ct200": "ok", "ct130": "rolled-back", "ct201": "skipped",
-                            "ct131": "skipped", "ct202": "skipped"}
+    assert results(doc) == {"ct130": "ok", "ct201": "ok", "ct131": "rolled-back", "ct202": "skipped",
+                            "ct132": "skipped", "ct203": "skipped"}
     assert doc["stopped"] == "failure budget spent: 1 failed, --max-fail 0 allows 0"
-    assert by_host(doc)["ct130"]["deploy"]["rollback_gate"]["passed"] is True
+    assert by_host(doc)["ct131"]["deploy"]["rollback_gate"]["passed"] is True
     assert_untouched(fleet, later, before, doc)
 
 
 def test_max_fail_34_percent_goes_on_past_one_failure(fleet: Any) -> None:
-    fleet.fault("ct130", "libcuda-missing")
+    fleet.fault("ct131", "libcuda-missing")
     rc, doc, err = tool(fleet, *deploy_args("budget34", "lab", "--batch", "2", "--max-fail", "34%", "--json"))
     assert rc == 1, err
     assert doc["rollout"]["allowed_failures"] == 2 and doc["stopped"] is None
-    assert results(doc) == {"ct129": "ok", "ct200": "ok", "ct130": "rolled-back", "ct201": "ok", "ct131": "ok",
-                            "ct202": "ok"}
+    assert results(doc) == {"ct130": "ok", "ct201": "ok", "ct131": "rolled-back", "ct202": "ok", "ct132": "ok",
+                            "ct203": "ok"}
     assert doc["counts"] == {"ok": 5, "rolled-back": 1}
-    assert "cause cuda_lib_load: ct130" in err
+    assert "cause cuda_lib_load: ct131" in err
 
 
 def _start(lab: Any, *args: str) -> subprocess.Popen[str]:
@@ -153,7 +176,7 @@ def _wait_changed(lab: Any, proc: subprocess.Popen[str], hosts: list[str], timeo
 
 
 def test_ctrl_c_in_a_wave_lets_its_hosts_finish_and_starts_no_other(fleet: Any) -> None:
-    later = ["ct201", "ct131", "ct202"]
+    later = [*WAVES[2], *WAVES[3]]
     before = invocations(fleet, later)
     for h in WAVES[1]:
         fleet.fault(h, "slow-start", seconds=SLOW_S)  # time to interrupt the wave
@@ -163,9 +186,9 @@ def test_ctrl_c_in_a_wave_lets_its_hosts_finish_and_starts_no_other(fleet: Any) 
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err
     doc = json.loads(out)
-    assert results(doc) == {"ct129": "ok", "ct200": "ok", "ct130": "ok", "ct201": "skipped", "ct131": "skipped",
-                            "ct202": "skipped"}
-    assert "SIGINT: no new host will start. Running: ct130, ct200" in err
+    assert results(doc) == {"ct130": "ok", "ct201": "ok", "ct131": "ok", "ct202": "skipped", "ct132": "skipped",
+                            "ct203": "skipped"}
+    assert "SIGINT: no new host will start. Running: ct131, ct201" in err
     assert doc["stopped"] == "interrupted (Ctrl-C / SIGTERM): no new host started"
     assert_untouched(fleet, later, before, doc)
 
@@ -183,7 +206,7 @@ def test_sigterm_twice_rolls_the_running_wave_back(fleet: Any) -> None:
     got = by_host(json.loads(out))
     assert [got[h]["result"] for h in WAVES[1]] == ["rolled-back", "rolled-back"]
     assert all("interrupted" in got[h]["reason"] for h in WAVES[1])
-    assert [got[h]["result"] for h in ("ct201", "ct131", "ct202")] == ["skipped"] * 3
+    assert [got[h]["result"] for h in (*WAVES[2], *WAVES[3])] == ["skipped"] * 3
 
 
 def test_a_third_interrupt_abandons_and_rollback_finds_the_pending_hosts(fleet: Any) -> None:
@@ -249,7 +272,7 @@ def test_the_lab_grows_hosts_of_both_classes_each_in_its_own_namespace(fleet: An
     rc, status, err = tool(fleet, "lab", "status", "--json")
     assert rc == 0, err
     rows = {r["name"]: r for r in status["hosts"]}
-    assert list(rows)[:6] == HOSTS and status["inventory"] == str(fleet.inventory)
+    assert list(rows)[:len(LAB)] == LAB and status["inventory"] == str(fleet.lab.inventory)
     assert len({r["address"] for r in rows.values()}) == len(rows)
     for h in HOSTS:
         assert Path(f"/run/netns/{h}").exists() and rows[h]["service"] == "active"
@@ -258,36 +281,37 @@ def test_the_lab_grows_hosts_of_both_classes_each_in_its_own_namespace(fleet: An
         name = subprocess.run(["ssh", "-F", str(fleet.ssh_config), "-o", "BatchMode=yes", h, "hostname"],
                               capture_output=True, text=True, timeout=30)
         assert name.stdout.strip() == h, name.stderr
-    # ct201 is one of the lab's two-card hosts (group pro6000x2, for tensor-parallel services)
-    for h, cards in (("ct130", ["NVIDIA RTX A6000"]), ("ct201", ["NVIDIA RTX PRO 6000 Blackwell Workstation Edition"] * 2)):
+    # ct203 is one of the lab's two-card hosts (group pro6000x2, for tensor-parallel services)
+    for h, cards in (("ct132", ["NVIDIA RTX A6000"]), ("ct203", ["NVIDIA RTX PRO 6000 Blackwell Workstation Edition"] * 2)):
         with fleet.connect(h) as c:
             assert c.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"]).stdout.splitlines() == cards
-    fleet.fault("ct202", "hang")
+    fleet.fault("ct203", "hang")
     rc, status, _ = tool(fleet, "lab", "status", "--json")
-    assert {r["name"]: r["faults"] for r in status["hosts"]} == {h: (["hang"] if h == "ct202" else []) for h in rows}
+    assert {r["name"]: r["faults"] for r in status["hosts"] if r["name"] in HOSTS} == \
+        {h: (["hang"] if h == "ct203" else []) for h in HOSTS}
     rc, doc, err = tool(fleet, "profile", "show", "lab", "--json")
     assert rc == 0 and doc["hosts"] == HOSTS, err
     assert {doc["differs"][h]["gpu.arch"] for h in HOSTS} == {"sm_86", "sm_120"}
-    assert doc["origin"]["ct130"]["gpu.arch"].endswith("profiles/groups/a6000.yaml:15")
+    assert doc["origin"]["ct132"]["gpu.arch"].endswith("profiles/groups/a6000.yaml:15")
 
 
 def test_every_command_across_a_group(fleet: Any, tmp_path: Path) -> None:
-    for h in ("ct130", "ct131"):
+    for h in ("ct131", "ct132"):
         fleet.fault(h, "libcuda-missing")
     rc, doc, err = tool(fleet, *deploy_args("across", "a6000", "--canary", "0", "--batch", "100%", "--max-fail", "100%",
                                             "--json"))
     assert rc == 1, err
-    assert results(doc) == {"ct129": "ok", "ct130": "rolled-back", "ct131": "rolled-back"}
+    assert results(doc) == {"ct130": "ok", "ct131": "rolled-back", "ct132": "rolled-back"}
     rc, diag, err = tool(fleet, "diagnose", "a6000", "--json")
     assert rc == 0, err  # healthy again on known-good; the start before failed: its own line, grouped by cause
     assert [(c["verdict"], c["cause"], c["hosts"]) for c in diag["causes"]] == [
-        ("healthy", "previous start: cuda_lib_load", ["ct130", "ct131"]), ("healthy", "-", ["ct129"])]
+        ("healthy", "previous start: cuda_lib_load", ["ct131", "ct132"]), ("healthy", "-", ["ct130"])]
     assert "libcuda.so.1" in diag["causes"][0]["evidence"]
     rc, hist, err = tool(fleet, "history", "a6000", "--json")
     assert rc == 0, err
     rows = {h["host"]: h for h in hist["hosts"]}
-    assert rows["ct129"]["current"] == by_host(doc)["ct129"]["target_release"]
-    for h in ("ct130", "ct131"):
+    assert rows["ct130"]["current"] == by_host(doc)["ct130"]["target_release"]
+    for h in ("ct131", "ct132"):
         target = rows[h]["rollback_target"]
         assert rows[h]["current"] == target["release_id"] == by_host(doc)[h]["release"]
         assert target["mode"] == "nextn" and rows[h]["last_change"]["outcome"] == "passed"
@@ -295,7 +319,6 @@ def test_every_command_across_a_group(fleet: Any, tmp_path: Path) -> None:
     # smoke's memory of NRestarts of its own: one left in /tmp by an earlier run would be read
     rc, smoke, err = tool(fleet, "smoke", "a6000", "--json", "--lock-file", str(tmp_path / "smoke.lock"),
                           "--state-dir", str(tmp_path / "smoke-state"))
-    assert rc == 0 and [h["host"] for h in smoke["hosts"]] == ["ct129", "ct130", "ct131"], err
+    assert rc == 0 and [h["host"] for h in smoke["hosts"]] == A6000, err
     rc, table, err = tool(fleet, "lock", "status", "a6000")
-    assert rc == 0 and [ln.split()[:2] for ln in table.splitlines()[1:]] == [[h, "free"] for h in
-                                                                             ("ct129", "ct130", "ct131")]
+    assert rc == 0 and [ln.split()[:2] for ln in table.splitlines()[1:]] == [[h, "free"] for h in A6000]

@@ -10,7 +10,7 @@ from typing import Any, Iterator
 import pytest
 
 from ddtree_ops import gpu
-from labkit import PORT, UNIT, generate, health, restart, show, unit_journal, wait_for, wait_journal
+from labkit import PORT, UNIT, generate, health, one_host, restart, show, unit_journal, wait_for, wait_journal
 
 pytestmark = pytest.mark.lab
 SIGKILL = ("2", "9")  # ExecMainCode=2 (killed), ExecMainStatus=9: SGLang's launcher SIGKILLs itself
@@ -34,7 +34,7 @@ def main_exit(h: Any) -> tuple[str, str]:
     return p["ExecMainCode"], p["ExecMainStatus"]
 
 
-@pytest.mark.parametrize("host", ["ct129"], indirect=True)
+@pytest.mark.parametrize("host", [one_host("ct129")], indirect=True)
 def test_libcuda_missing(lab: Any, host: Any) -> None:
     lab.fault("ct129", "libcuda-missing")
     t0 = time.monotonic()
@@ -47,7 +47,7 @@ def test_libcuda_missing(lab: Any, host: Any) -> None:
     wait_for("the main process to be gone", lambda: main_exit(host) == SIGKILL)
 
 
-@pytest.mark.parametrize("host", ["ct200"], indirect=True)
+@pytest.mark.parametrize("host", [one_host("ct200")], indirect=True)
 def test_hang_is_never_ready(lab: Any, host: Any) -> None:
     lab.fault("ct200", "hang")
     inv = restart(host)
@@ -58,7 +58,7 @@ def test_hang_is_never_ready(lab: Any, host: Any) -> None:
     assert "fired up" not in unit_journal(host, lines=30)
 
 
-@pytest.mark.parametrize("host", ["ct129"], indirect=True)
+@pytest.mark.parametrize("host", [one_host("ct129")], indirect=True)
 def test_crash_after_ready_restarts(lab: Any, host: Any) -> None:
     # a short RestartSec (test-only drop-in) to watch systemd bring it back, and die again
     host.run(["mkdir", "-p", DROPIN.rsplit("/", 1)[0]]).check()
@@ -76,7 +76,7 @@ def test_crash_after_ready_restarts(lab: Any, host: Any) -> None:
     assert "code=killed, status=9/KILL" in unit_journal(host, lines=200)
 
 
-@pytest.mark.parametrize("host", ["ct200"], indirect=True)
+@pytest.mark.parametrize("host", [one_host("ct200")], indirect=True)
 def test_slow_start(lab: Any, host: Any) -> None:
     assert lab.fault("ct200", "slow-start", seconds=6) == ["slow-start=6"]
     t0 = time.monotonic()
@@ -90,7 +90,7 @@ def test_slow_start(lab: Any, host: Any) -> None:
     assert "The server is fired up and ready to roll!" in log
 
 
-@pytest.mark.parametrize("host", ["ct129"], indirect=True)
+@pytest.mark.parametrize("host", [one_host("ct129")], indirect=True)
 def test_accept_collapse(lab: Any, host: Any) -> None:
     lab.fault("ct129", "accept-collapse")
     inv = restart(host)
@@ -103,7 +103,7 @@ def test_accept_collapse(lab: Any, host: Any) -> None:
     assert "sglang:spec_accept_length{" in metrics
 
 
-@pytest.mark.parametrize("host", ["ct200"], indirect=True)
+@pytest.mark.parametrize("host", [one_host("ct200")], indirect=True)
 def test_port_busy(lab: Any, host: Any) -> None:
     lab.fault("ct200", "port-busy")
     inv = restart(host)
@@ -113,7 +113,7 @@ def test_port_busy(lab: Any, host: Any) -> None:
     wait_for("exit status 1", lambda: main_exit(host) == ("1", "1"))
 
 
-@pytest.mark.parametrize("host", ["ct129"], indirect=True)
+@pytest.mark.parametrize("host", [one_host("ct129")], indirect=True)
 def test_stray_gpu_process(lab: Any, host: Any) -> None:
     lab.fault("ct129", "stray-gpu-process")
     def stray_seen() -> Any:

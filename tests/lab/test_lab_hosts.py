@@ -13,7 +13,7 @@ import pytest
 from ddtree_ops import gpu
 from ddtree_ops.host import HostKeyError
 from ddtree_ops.lab.standin import behaviour, memory
-from labkit import PORT, UNIT, generate, show, wait_journal
+from labkit import PORT, UNIT, generate, one_host, show, wait_journal
 
 pytestmark = pytest.mark.lab
 FIX = Path(__file__).resolve().parents[2] / "ddtree_ops" / "lab" / "fixtures"
@@ -21,7 +21,7 @@ CARDS = {"ct129": (49140, "8.6", "NVIDIA RTX A6000"),
          "ct200": (97887, "12.0", "NVIDIA RTX PRO 6000 Blackwell Workstation Edition")}
 
 
-@pytest.mark.parametrize("name", ["ct129", "ct200"])
+@pytest.mark.parametrize("name", [one_host("ct129"), one_host("ct200")])
 def test_systemd_is_pid1_and_the_system_is_running(lab: Any, name: str) -> None:
     with lab.connect(name) as h:
         assert h.run(["cat", "/proc/1/comm"]).stdout.strip() == "systemd"
@@ -67,7 +67,7 @@ def test_openssh_reaches_the_service_by_name(lab: Any) -> None:
         assert code.stdout.strip() == "200", code.stderr
 
 
-@pytest.mark.parametrize("name", ["ct129", "ct200"])
+@pytest.mark.parametrize("name", [one_host("ct129"), one_host("ct200")])
 def test_nextn_service_is_seeded_and_journald_has_its_output(lab: Any, name: str) -> None:
     with lab.connect(name) as h:
         props = show(h, "ActiveState", "UnitFileState", "NRestarts", "InvocationID", "FragmentPath")
@@ -81,7 +81,7 @@ def test_nextn_service_is_seeded_and_journald_has_its_output(lab: Any, name: str
         assert 2.5 <= generate(h)["meta_info"]["spec_accept_length"] <= 4
 
 
-@pytest.mark.parametrize("name", ["ct129", "ct200"])
+@pytest.mark.parametrize("name", [one_host("ct129"), one_host("ct200")])
 def test_gpu_facts_through_the_tools_probe(lab: Any, name: str) -> None:
     total, cap, model = CARDS[name]
     with lab.connect(name) as h:

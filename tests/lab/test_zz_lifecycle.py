@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from labkit import SUITE_HOSTS
 
 from ddtree_ops.lab import api, hosts, machine
 from ddtree_ops.lab.machine import LabState
 
 # it takes the whole lab down: every host the suite boots is held
-pytestmark = [pytest.mark.lab, pytest.mark.hosts(*hosts.lab_hosts(6))]
+pytestmark = [pytest.mark.lab, pytest.mark.hosts(*SUITE_HOSTS)]
 
 
 def leftovers(lab: Any, names: list[str], pids: list[int], cgroups: list[list[str]]) -> list[str]:
