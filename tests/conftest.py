@@ -172,12 +172,30 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
         use.leave(lambda: api.down(handle.paths, log=lambda _m: None), keep=bool(os.environ.get("DDTREE_LAB_KEEP")))
 
 
+_LAB_TESTS = labkit.LabTests()
+
+
 @pytest.fixture(autouse=True)
 def lab_hosts_held(request: pytest.FixtureRequest) -> Iterator[None]:
     """A lab test holds the lab hosts it touches (its `hosts` mark) from before its first fixture to
-    after its last: a test of another worker, or of another session, that needs one of them waits."""
+    after its last: a test of another worker, or of another session, that needs one of them waits. A
+    `whole_lab` test first waits until no other process has lab tests left (before any host lock:
+    holding those while waiting would stop the tests it waits for)."""
     if request.node.get_closest_marker("lab") is None:
         yield
         return
+    if request.node.get_closest_marker("whole_lab") is not None:
+        with _LAB_TESTS.alone(), labkit.hosts_held(labkit.lab_hosts_of(request.node)):
+            yield
+        return
+    _LAB_TESTS.running()
     with labkit.hosts_held(labkit.lab_hosts_of(request.node)):
         yield
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """This process's lab tests have run out (pytest-xdist hands a worker a lab group at once, so the
+    next item is known): a whole-lab test elsewhere may start."""
+    if nextitem is None or nextitem.get_closest_marker("lab") is None:
+        _LAB_TESTS.done()

@@ -62,8 +62,8 @@ _LAB_PROFILES: Path | None = None
 
 def env(lab: Any) -> dict[str, str]:
     """The operator's environment for the lab: its ssh_config and inventory, the shipped profiles (with
-    the lab's stay window)."""
-    return {**os.environ, **lab.env, "DDTREE_OPS_PROFILES": str(lab_profiles()), "NO_COLOR": "1"}
+    the lab's stay window) unless the lab's own env names others."""
+    return {**os.environ, "DDTREE_OPS_PROFILES": str(lab_profiles()), **lab.env, "NO_COLOR": "1"}
 
 
 COMMAND = [sys.executable, "-m", "ddtree_ops"]  # `ddtree-ops`, from the tree under test
@@ -230,6 +230,37 @@ def hosts_held(hosts: Sequence[str], lock_dir: Path | None = None) -> Iterator[N
     finally:
         for fh in reversed(held):
             fh.close()
+
+
+class LabTests:
+    """Lab tests of this process against a test that takes the whole lab down and up (`whole_lab` mark:
+    the lifecycle test). A process holds a shared lock from its first lab test until its lab tests run
+    out (`running`, `done`); a whole-lab test takes it exclusively, so it starts once no other worker,
+    nor another session, has a lab test left to run. Host locks alone cannot say that: a worker holds
+    none between two of its tests."""
+
+    def __init__(self, lock_dir: Path | None = None) -> None:
+        self.path = (lock_dir or _lock_dir()) / "ddtree-ops-lab-tests.lock"
+        self.shared: Any = None
+
+    def running(self) -> None:
+        if self.shared is None:
+            self.shared = open(self.path, "w")
+            fcntl.flock(self.shared, fcntl.LOCK_SH)
+
+    def done(self) -> None:
+        if self.shared is not None:
+            self.shared.close()
+            self.shared = None
+
+    @contextlib.contextmanager
+    def alone(self) -> Iterator[None]:
+        """The whole lab, once every other process's lab tests are done (this one's own shared hold is
+        let go first: a whole-lab test is the last lab test of its group)."""
+        self.done()
+        with open(self.path, "w") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
 
 
 class LabUse:

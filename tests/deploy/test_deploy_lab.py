@@ -20,6 +20,7 @@ from labkit import back_to_baseline, run, wait_for
 
 from ddtree_ops.deploy import deploy
 from ddtree_ops.host import HostKeyError, HostUnreachable, SudoPasswordRequired
+from ddtree_ops.lab.hosts import HOSTS, inventory_text
 from ddtree_ops.observe import unit_state
 from ddtree_ops.profile import load_profile
 from ddtree_ops.releases import Layout, read_state
@@ -171,9 +172,10 @@ def test_two_deploys_at_once_one_is_refused(lab: Any, ct129: str) -> None:
     assert first.returncode == DeployExit.OK, first_out[1][-2000:]
 
 
-# `rollback` with no HOST reads every host it knows: here (no inventory) the profiles' ct129 and ct200, the
-# hosts this test holds (the default): no other test may have a change pending on either
-def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: Any, ct129: str) -> None:
+# `rollback` with no HOST reads every host it knows: here an inventory of ct129 and ct200 (the lab's own names
+# every host up, the fleet's too, whose tests run beside these), and the test holds both
+@pytest.mark.hosts("ct129", "ct200")
+def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: Any, ct129: str, tmp_path: Path) -> None:
     env = {**os.environ, "DDTREE_OPS_SSH_CONFIG": str(lab.ssh_config)}
     lab.fault(ct129, "slow-start", seconds=4)  # the rollback below gates this start to its end: not 16 s more
     proc = subprocess.Popen([sys.executable, "-m", "ddtree_ops", "deploy", ct129, "--mode", "dflash", "--yes"],
@@ -189,9 +191,12 @@ def test_control_process_killed_mid_gate_is_resolved_by_the_next_rollback(lab: A
         pending = read_state(h, layout_of(p)).pending
         assert pending and pending["action"] == "deploy"
     lab.clear(ct129)
-    res = cli(lab, "rollback", "--yes")  # no HOST: acts on the host whose deploy did not finish
+    (tmp_path / "two.yml").write_text(inventory_text(HOSTS, "test_deploy_lab"))
+    # no HOST: acts on the host whose deploy did not finish, and on no other
+    res = cli(lab, "rollback", "--yes", "--inventory", str(tmp_path / "two.yml"))
     assert res.returncode == 0, res.stderr[-3000:]
-    assert "ct129" in res.stderr and "did not finish" in res.stderr
+    assert "ct129: rolling back" in res.stderr and "did not finish" in res.stderr
+    assert "ct200: rolling back" not in res.stderr
 
 
 class DroppingHost:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from labkit import SUITE_HOSTS, start, tool
+from labkit import SUITE_HOSTS, lab_profiles, start, tool
 
 from ddtree_ops.config.inventory import ENV_INVENTORY
 from ddtree_ops.lab import hosts as lab_hosts
@@ -37,27 +38,32 @@ SLOW_S = 8  # the slow-start faults' length: the wave is still gated when it is 
 
 
 class FleetLab:
-    """The lab as the fleet tests see it: every call goes to the lab, but the tool they run reads the
-    fleet's own inventory (the lab's own names every host up, ct129 and ct200 among them)."""
+    """The lab as the fleet tests see it: every call goes to the lab, but the tool they run knows the
+    fleet's six hosts and no other: its own inventory (the lab's names every host up) and the shipped
+    profiles without ct129.yaml and ct200.yaml (a host file is a host too: `rollback` with no HOST
+    would read, and act on, the hosts other workers' tests are changing)."""
 
-    def __init__(self, lab: Any, inventory: Path) -> None:
-        self.lab, self.inventory = lab, inventory
+    def __init__(self, lab: Any, inventory: Path, profiles: Path) -> None:
+        self.lab, self.inventory, self.profiles = lab, inventory, profiles
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.lab, name)
 
     @property
     def env(self) -> dict[str, str]:
-        return {**self.lab.env, ENV_INVENTORY: str(self.inventory)}
+        return {**self.lab.env, ENV_INVENTORY: str(self.inventory), "DDTREE_OPS_PROFILES": str(self.profiles)}
 
 
 @pytest.fixture(scope="module")
 def fleet(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     lab = request.getfixturevalue("lab")
     assert lab.grow(len(LAB))[:len(LAB)] == LAB
-    inventory = tmp_path_factory.mktemp("fleet") / "fleet.yml"
-    inventory.write_text(lab_hosts.inventory_text(HOSTS, "test_fleet_lab"))
-    yield FleetLab(lab, inventory)
+    home = tmp_path_factory.mktemp("fleet")
+    profiles = shutil.copytree(lab_profiles(), home / "profiles")
+    for h in LAB[:2]:
+        (profiles / f"{h}.yaml").unlink()
+    (home / "fleet.yml").write_text(lab_hosts.inventory_text(HOSTS, "test_fleet_lab"))
+    yield FleetLab(lab, home / "fleet.yml", profiles)
 
 
 @pytest.fixture(autouse=True)
@@ -269,8 +275,8 @@ def test_an_inventory_with_a_typo_is_refused_with_file_and_line(fleet: Any, tmp_
 
 
 def test_the_lab_grows_hosts_of_both_classes_each_in_its_own_namespace(fleet: Any) -> None:
-    rc, status, err = tool(fleet, "lab", "status", "--json")
-    assert rc == 0, err
+    # the whole lab's status: its exit is 1 while another worker restarts ct129's or ct200's service
+    _, status, err = tool(fleet, "lab", "status", "--json")
     rows = {r["name"]: r for r in status["hosts"]}
     assert list(rows)[:len(LAB)] == LAB and status["inventory"] == str(fleet.lab.inventory)
     assert len({r["address"] for r in rows.values()}) == len(rows)

@@ -194,3 +194,32 @@ def test_a_held_host_waits_for_its_holder_and_other_hosts_do_not(tmp_path: Path)
         assert events == ["ct130 got it"]          # ct129 is held by this block
     t1.join(5)
     assert events == ["ct130 got it", "ct129 got it"]
+
+
+def test_a_whole_lab_test_waits_until_no_other_process_has_lab_tests_left(tmp_path: Path) -> None:
+    """The lifecycle test took the lab down while two other workers still had lab tests to run (a CI
+    run of 2026-12-05): it waits now for every other holder's lab tests to run out, its own let go."""
+    import threading
+    import time
+
+    from labkit import LabTests
+
+    mine, other = LabTests(tmp_path), LabTests(tmp_path)  # two workers (flock is per open file)
+    mine.running()
+    other.running()
+    events: list[str] = []
+
+    def whole_lab() -> None:
+        with mine.alone():
+            events.append("alone")
+
+    t = threading.Thread(target=whole_lab)
+    t.start()
+    time.sleep(0.5)
+    assert events == []                      # the other worker still has lab tests
+    other.running()                          # its next lab test: still the same hold
+    time.sleep(0.2)
+    assert events == []
+    other.done()
+    t.join(5)
+    assert events == ["alone"]

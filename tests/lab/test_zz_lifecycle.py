@@ -14,8 +14,8 @@ from labkit import SUITE_HOSTS
 from ddtree_ops.lab import api, hosts, machine
 from ddtree_ops.lab.machine import LabState
 
-# it takes the whole lab down: every host the suite boots is held
-pytestmark = [pytest.mark.lab, pytest.mark.hosts(*SUITE_HOSTS)]
+# it takes the whole lab down: it waits until no other worker has lab tests left, then holds every host
+pytestmark = [pytest.mark.lab, pytest.mark.whole_lab, pytest.mark.hosts(*SUITE_HOSTS)]
 
 
 def leftovers(lab: Any, names: list[str], pids: list[int], cgroups: list[list[str]]) -> list[str]:
