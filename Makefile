@@ -26,7 +26,7 @@ $(STAMP):
 
 install: $(STAMP)
 
-# the lab's Debian packages (debootstrap, systemd-container, OpenSSH, iproute2, systemd-analyze):
+# the lab's Debian packages (mmdebstrap, systemd-container, OpenSSH, iproute2, systemd-analyze):
 # installed when missing if root, else one line naming the apt-get command; silent when all is there
 packages: install
 	@$(BIN)/python -m ddtree_ops.lab._sys packages

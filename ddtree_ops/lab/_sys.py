@@ -12,7 +12,7 @@ from ddtree_ops.errors import OpsError
 
 # command -> the Debian package that ships it (Debian 12)
 REQUIRED = {
-    "debootstrap": "debootstrap",            # builds the lab's Debian tree
+    "mmdebstrap": "mmdebstrap",              # builds the lab's Debian tree
     "systemd-nspawn": "systemd-container",   # boots the lab hosts
     "ip": "iproute2",                        # one network namespace per host
     "ssh-keygen": "openssh-client",          # the lab's keys

@@ -1,4 +1,4 @@
-"""The lab's Debian tree: built once with debootstrap, cached, shared read-only by every host.
+"""The lab's Debian tree: built once with mmdebstrap, cached, shared read-only by every host.
 
 What a real GPU host running SGLang has, minus the GPU: systemd, journald, sshd, curl, Debian's own
 python3 (3.11) and `/opt/sglang/venv` with the REAL sglang 0.5.23 (installed --no-deps, as on a CPU
@@ -10,6 +10,7 @@ a rebuild.
 
 from __future__ import annotations
 
+import concurrent.futures
 import glob
 import hashlib
 import json
@@ -38,7 +39,7 @@ IMPORT_CHECK = ("from sglang.srt.server_args import prepare_server_args; "
                 "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm; "
                 "from sglang.srt.plugins import load_plugins; print('sglang-import-ok')")
 
-RECIPE = {"version": 1, "suite": SUITE, "packages": DEBIAN_PACKAGES, "venv": VENV,
+RECIPE = {"version": 2, "builder": "mmdebstrap", "suite": SUITE, "packages": DEBIAN_PACKAGES, "venv": VENV,
           "with_deps": VENV_WITH_DEPS, "no_deps": VENV_NO_DEPS}
 
 
@@ -61,11 +62,14 @@ def ensure_tree(paths: Paths, *, log=print) -> bool:
     partial = paths.home / "tree.partial"
     _remove_tree(partial)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    log(f"building the lab tree (debootstrap {SUITE} from {MIRROR}); this happens once and takes a few minutes")
-    _debootstrap(partial)
-    _configure(partial)
-    log(f"  debootstrap done in {time.monotonic() - t0:.0f}s; fetching wheels")
-    _wheelhouse(paths)
+    log(f"building the lab tree (mmdebstrap {SUITE} from {MIRROR}); this happens once and takes a few minutes")
+    # the wheels come from PyPI while the Debian packages come from the mirror: both mostly wait on the network
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        wheels = pool.submit(_wheelhouse, paths)
+        _bootstrap(partial)
+        _configure(partial)
+        log(f"  Debian tree done in {time.monotonic() - t0:.0f}s")
+        wheels.result()
     log(f"  wheels ready after {time.monotonic() - t0:.0f}s; building {VENV} in the tree")
     _venv(partial, paths.wheelhouse)
     stamp = partial / paths.tree_stamp.relative_to(paths.tree)
@@ -82,15 +86,16 @@ def _remove_tree(path: Path) -> None:
         _sys.run(["rm", "-rf", "--one-file-system", str(path)], timeout=300, what=f"removing {path}")
 
 
-def _debootstrap(target: Path) -> None:
-    argv = ["debootstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}", SUITE, str(target), MIRROR]
+def _bootstrap(target: Path) -> None:
+    # mmdebstrap rather than debootstrap: apt's resolver and parallel downloads, one dpkg run; the same
+    # minbase tree (usrmerge in place of usr-is-merged) in 19 s instead of 50 s on this box. Its
+    # /etc/machine-id is empty, so each booted host gets one of its own, as real hosts have.
+    argv = ["mmdebstrap", "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}", SUITE, str(target), MIRROR]
     try:
-        _sys.run(argv, timeout=1200, what="debootstrap")
+        _sys.run(argv, timeout=1200, what="mmdebstrap")
     except LabError as exc:
-        log = target / "debootstrap" / "debootstrap.log"
-        tail = log.read_text(errors="replace").strip().splitlines()[-5:] if log.exists() else []
-        raise LabError(f"{exc}{' | ' + ' | '.join(tail) if tail else ''}",
-                       hint=f"check that {MIRROR} is reachable (set DDTREE_LAB_MIRROR to use another mirror)") from None
+        raise LabError(str(exc), hint=f"check that {MIRROR} is reachable (set DDTREE_LAB_MIRROR to use another "
+                                      "mirror)") from None
 
 
 def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
@@ -103,7 +108,7 @@ def _write(root: Path, rel: str, text: str, mode: int = 0o644) -> None:
 def _configure(root: Path) -> None:
     # nspawn --hostname only takes effect when the tree does not name itself
     _write(root, "/etc/hostname", "")
-    # debootstrap generated host keys; every host gets its own at `up` instead
+    # openssh-server's install generated host keys; every host gets its own at `up` instead
     for key in glob.glob(str(root / "etc/ssh/ssh_host_*")):
         os.remove(key)
     _write(root, "/etc/ssh/sshd_config.d/ddtree-lab.conf",

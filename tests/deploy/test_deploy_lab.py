@@ -72,31 +72,6 @@ def ct129(lab: Any) -> Any:
     assert_known_good_serving(lab, "ct129")
 
 
-@pytest.mark.hosts("ct200")
-def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
-    res = cli(lab, "deploy", "ct200", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
-    assert res.returncode == 0, res.stderr[-2000:]
-    p = prof("ct200")
-    with connect(p, ssh_config=str(lab.ssh_config)) as h:
-        out = deploy(h, p, "ddtree-shadow", assume_yes=True)
-        assert out.exit_code == DeployExit.OK, out.reason
-        assert out.gate is not None and out.gate.passed and out.gate.state.smoke.accept_len > 1
-        pid = unit_state(h, p.service.unit).main_pid
-        state = read_state(h, layout_of(p))
-        # it passed and is recorded so; the rollback target stays the NEXTN release that passed
-        assert out.release_id in state.passed and state.current == out.release_id
-        assert state.target(p) is not None and state.target(p).mode == "nextn"
-        again = deploy(h, p, "ddtree-shadow", assume_yes=True)
-        assert again.result == "no-change" and again.exit_code == 0
-        assert unit_state(h, p.service.unit).main_pid == pid  # not restarted
-        info = h.http("GET", p.service.port, "/server_info").json()
-        assert info["speculative_algorithm"] == "DDTREE"
-    # back to the NEXTN baseline the way an operator would: roll back to it
-    res = cli(lab, "rollback", "ct200", "--yes")
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert_known_good_serving(lab, "ct200")
-
-
 def test_story_attempt_1_refused_by_preflight_and_nothing_changes(lab: Any, ct129: str) -> None:
     p = prof(ct129, "memory.context_length=131072", "memory.mem_fraction_static=0.88")
     with connect(p, ssh_config=str(lab.ssh_config)) as h:
@@ -296,3 +271,29 @@ def test_unreachable_host_is_refused_with_exit_3(lab: Any, tmp_path: Path) -> No
     assert res.returncode == 3 and "cannot connect" in res.stderr
     with pytest.raises(HostUnreachable):
         connect(prof("ct129"), ssh_config=str(cfg))
+
+
+# ct200's: last in this file, so that at the start of `make test` this worker drives ct129 while another drives ct200
+@pytest.mark.hosts("ct200")
+def test_deploy_ddtree_shadow_passes_then_is_a_no_op(lab: Any) -> None:
+    res = cli(lab, "deploy", "ct200", "--mode", "nextn", "--yes", "--set", "gate.stay_healthy_s=2")
+    assert res.returncode == 0, res.stderr[-2000:]
+    p = prof("ct200")
+    with connect(p, ssh_config=str(lab.ssh_config)) as h:
+        out = deploy(h, p, "ddtree-shadow", assume_yes=True)
+        assert out.exit_code == DeployExit.OK, out.reason
+        assert out.gate is not None and out.gate.passed and out.gate.state.smoke.accept_len > 1
+        pid = unit_state(h, p.service.unit).main_pid
+        state = read_state(h, layout_of(p))
+        # it passed and is recorded so; the rollback target stays the NEXTN release that passed
+        assert out.release_id in state.passed and state.current == out.release_id
+        assert state.target(p) is not None and state.target(p).mode == "nextn"
+        again = deploy(h, p, "ddtree-shadow", assume_yes=True)
+        assert again.result == "no-change" and again.exit_code == 0
+        assert unit_state(h, p.service.unit).main_pid == pid  # not restarted
+        info = h.http("GET", p.service.port, "/server_info").json()
+        assert info["speculative_algorithm"] == "DDTREE"
+    # back to the NEXTN baseline the way an operator would: roll back to it
+    res = cli(lab, "rollback", "ct200", "--yes")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert_known_good_serving(lab, "ct200")

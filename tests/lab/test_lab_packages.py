@@ -19,22 +19,22 @@ def _machine(missing: set[str]) -> Any:
 
 
 def test_missing_commands_map_to_their_packages_once() -> None:
-    found = _machine({"debootstrap", "systemd-nspawn", "ssh-keygen", "sshd"})
-    assert _sys.missing_packages(found) == ["debootstrap", "systemd-container", "openssh-client", "openssh-server"]
+    found = _machine({"mmdebstrap", "systemd-nspawn", "ssh-keygen", "sshd"})
+    assert _sys.missing_packages(found) == ["mmdebstrap", "systemd-container", "openssh-client", "openssh-server"]
     assert _sys.missing_packages(_machine(set())) == []
     assert _sys.missing_packages(_machine({"systemd-analyze"})) == ["systemd"]
 
 
 def test_install_steps_are_data() -> None:
-    assert _sys.install_argv(["debootstrap", "systemd-container"]) == [
+    assert _sys.install_argv(["mmdebstrap", "systemd-container"]) == [
         ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "debootstrap", "systemd-container"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "mmdebstrap", "systemd-container"],
     ]
     assert _sys.APT_ENV == {"DEBIAN_FRONTEND": "noninteractive"}   # never a debconf prompt
 
 
 def test_root_installs_what_is_missing_saying_so_in_one_line() -> None:
-    missing = {"debootstrap", "systemd-nspawn"}
+    missing = {"mmdebstrap", "systemd-nspawn"}
     ran: list[list[str]] = []
     said: list[str] = []
 
@@ -46,9 +46,9 @@ def test_root_installs_what_is_missing_saying_so_in_one_line() -> None:
 
     got = _sys.ensure_packages(log=said.append, found=lambda c: c not in missing, is_root=lambda: True,
                                execute=execute)
-    assert got == ["debootstrap", "systemd-container"]
-    assert said == ["installing Debian packages for the lab: debootstrap systemd-container"]
-    assert ran == _sys.install_argv(["debootstrap", "systemd-container"])
+    assert got == ["mmdebstrap", "systemd-container"]
+    assert said == ["installing Debian packages for the lab: mmdebstrap systemd-container"]
+    assert ran == _sys.install_argv(["mmdebstrap", "systemd-container"])
     # the second run finds everything and does nothing, silently
     said.clear(), ran.clear()
     assert _sys.ensure_packages(log=said.append, found=lambda c: c not in missing, is_root=lambda: True,
@@ -61,16 +61,16 @@ def test_not_root_names_the_command_and_installs_nothing() -> None:
         raise AssertionError(f"ran {argv}")
 
     with pytest.raises(_sys.LabError) as err:
-        _sys.ensure_packages(log=lambda m: None, found=_machine({"debootstrap"}), is_root=lambda: False,
+        _sys.ensure_packages(log=lambda m: None, found=_machine({"mmdebstrap"}), is_root=lambda: False,
                              execute=execute)
-    assert str(err.value) == ("the lab needs Debian packages that are not installed (debootstrap); "
-                              "as root, run: apt-get install -y debootstrap")
+    assert str(err.value) == ("the lab needs Debian packages that are not installed (mmdebstrap); "
+                              "as root, run: apt-get install -y mmdebstrap")
     assert "\n" not in str(err.value) and err.value.hint is None
 
 
 def test_a_package_apt_could_not_provide_is_an_error() -> None:
-    with pytest.raises(_sys.LabError, match="apt-get finished, but debootstrap is still missing"):
-        _sys.ensure_packages(log=lambda m: None, found=_machine({"debootstrap"}), is_root=lambda: True,
+    with pytest.raises(_sys.LabError, match="apt-get finished, but mmdebstrap is still missing"):
+        _sys.ensure_packages(log=lambda m: None, found=_machine({"mmdebstrap"}), is_root=lambda: True,
                              execute=lambda argv, **kw: None)
 
 
@@ -79,9 +79,9 @@ def test_the_makefile_step(capsys: pytest.CaptureFixture[str], monkeypatch: pyte
 
     monkeypatch.setattr(_sys, "missing_packages", lambda found=None: [])
     assert _sys.main(["packages"]) == 0 and capsys.readouterr().err == ""        # nothing to do: silent
-    monkeypatch.setattr(_sys, "missing_packages", lambda found=None: ["debootstrap"])
+    monkeypatch.setattr(_sys, "missing_packages", lambda found=None: ["mmdebstrap"])
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert _sys.main(["packages"]) == 1                                          # make stops here
     assert capsys.readouterr().err == ("error: the lab needs Debian packages that are not installed "
-                                       "(debootstrap); as root, run: apt-get install -y debootstrap\n")
+                                       "(mmdebstrap); as root, run: apt-get install -y mmdebstrap\n")
     assert _sys.main([]) == 64

@@ -79,6 +79,7 @@ def running_argv(lab: Any, host: str) -> list[str]:
     return raw.split("\0")[:-1]
 
 
+@pytest.mark.hosts("ct129")
 def test_init_on_a_host_that_runs_a_hand_made_unit(lab: Any, profiles: Path, seeded: str) -> None:
     before = running_argv(lab, seeded)
     init = tool(lab, profiles, "profile", "init", seeded)
@@ -106,6 +107,7 @@ def test_init_on_a_host_that_runs_a_hand_made_unit(lab: Any, profiles: Path, see
     assert any(r.startswith("baseline-") for r in releases) and any(r.startswith("ddtree-shadow-") for r in releases)
 
 
+@pytest.mark.hosts("ct200")
 def test_init_on_a_fresh_host_with_model_and_draft(lab: Any, profiles: Path, fresh: str) -> None:
     shutil.copytree(REPO / "profiles" / "groups", profiles / "groups")
     init = tool(lab, profiles, "profile", "init", fresh, "--model", "/models/Qwen3-8B",

@@ -118,6 +118,7 @@ def test_accept_collapse_is_critical_with_the_reason(lab_: Any, tmp_path: Path, 
     assert host_doc(doc, "ct200")["result"] == "ok"
 
 
+@pytest.mark.hosts("ct129")
 def test_hang_is_critical(lab_: Any, tmp_path: Path, faulty: Any) -> None:
     faulty("ct129", "hang")
     restart(lab_, "ct129", until="listening")
@@ -128,6 +129,7 @@ def test_hang_is_critical(lab_: Any, tmp_path: Path, faulty: Any) -> None:
     assert time.monotonic() - t0 < 30  # a hung server costs one health timeout, not one per probe
 
 
+@pytest.mark.hosts("ct129")
 def test_stopped_unit_is_critical(lab_: Any, tmp_path: Path) -> None:
     p = load_profile("ct129")
     with connect(p, ssh_config=str(lab_.ssh_config)) as host:
@@ -142,6 +144,7 @@ def test_stopped_unit_is_critical(lab_: Any, tmp_path: Path) -> None:
         lab_.restore("ct129")
 
 
+@pytest.mark.hosts()  # ct129's profile at an address nobody answers: no lab host is touched
 def test_unreachable_host_is_unknown(lab_: Any, tmp_path: Path) -> None:
     cfg = tmp_path / "ssh_config"
     # an address nobody answers (TEST-NET-1), reached under an alias of its own
@@ -151,6 +154,7 @@ def test_unreachable_host_is_unknown(lab_: Any, tmp_path: Path) -> None:
     assert host_doc(doc, "ct129")["reasons"][0].startswith("unreachable: ")
 
 
+@pytest.mark.hosts("ct200")
 def test_timer_installed_in_a_lab_host_fires(lab_: Any) -> None:
     """The rendered timer + oneshot service under a real systemd: installed through the same plan
     `schedule install` uses, it fires, the run's output lands in the journal, and it comes out again."""
