@@ -34,7 +34,7 @@ PORT = 30000
 # The gate's stay-healthy window in the lab: the shipped profiles' 30 s made every rollback the CLI ran
 # (`rollback` takes no --set) wait half a minute. The window's own behaviour is tested with the lengths
 # each test gives (test_deploy_lab's crash inside the window); elsewhere a restart only needs to settle.
-LAB_STAY_S = 3
+LAB_STAY_S = 2
 
 
 def lab_profiles() -> Path:

@@ -29,7 +29,7 @@ from ddtree_ops.status import DeployExit
 
 pytestmark = [pytest.mark.lab, pytest.mark.hosts("ct129")]
 REPO = Path(__file__).resolve().parents[2]
-FAST = ["gate.stay_healthy_s=3"]
+FAST = ["gate.stay_healthy_s=2"]
 STATE = "/var/lib/ddtree-ops/sglang"  # the service's state directory on the host (its lock, pending.json)
 
 

@@ -28,7 +28,7 @@ from labkit import COMMAND
 
 pytestmark = pytest.mark.lab
 REPO = Path(__file__).resolve().parents[2]
-FAST = ("--set", "gate.stay_healthy_s=3")
+FAST = ("--set", "gate.stay_healthy_s=2")
 
 
 @pytest.fixture
