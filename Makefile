@@ -32,7 +32,7 @@ packages: install
 	@$(BIN)/python -m ddtree_ops.lab._sys packages
 
 test: packages
-	$(BIN)/python -m pytest $(XDIST)
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not lab and not slow"

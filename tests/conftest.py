@@ -31,6 +31,7 @@ everything else beside them (and the lab workers too, once their groups are done
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import socket
@@ -133,6 +134,33 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     _PRIORITY.append("lab" if item.get_closest_marker("lab") is not None else "beside the lab")
     if _PRIORITY[0] != "lab":
         os.nice(10)
+
+
+# --------------------------------------------------------------------------- where the time went
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--timeline", metavar="PATH", default=None,
+                     help="append one JSON line per test phase (worker, test, phase, start, stop, outcome) to "
+                          "PATH: bench/make_test_timeline.py reads it (make test PYTEST_ARGS=--timeline=PATH)")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = _TIMELINE[0] if _TIMELINE else None
+    if path and os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' own reports, not the controller's copies
+        line = json.dumps({"w": os.environ["PYTEST_XDIST_WORKER"], "id": report.nodeid, "when": report.when,
+                           "start": report.start, "stop": report.stop, "outcome": report.outcome})
+        with open(path, "a") as fh:  # one short append per line: the workers' lines do not interleave
+            fh.write(line + "\n")
+
+
+_TIMELINE: list[str] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    path = config.getoption("--timeline")
+    if path:
+        _TIMELINE.append(os.path.abspath(path))
 
 
 # --------------------------------------------------------------------------- the lab

@@ -1,0 +1,78 @@
+"""Where `make test`'s time goes, from the files `.ci/run` leaves (bench/results/make_test/):
+
+    python bench/make_test_timeline.py runs bench/results/make_test/*.log
+        one row per `.ci/run` log: its wall time (printed by .ci/run), pytest's, and the counts
+    python bench/make_test_timeline.py workers bench/results/make_test/<run>.timeline.jsonl
+        one row per pytest-xdist worker and one per lab file: when it started and ended (seconds from the
+        first test), and how long its tests held the worker (setup + call + teardown; a setup includes the
+        wait for the lab hosts it holds)
+
+A timeline is what `make test PYTEST_ARGS=--timeline=PATH` writes (tests/conftest.py): one JSON line per
+test phase, from the worker that ran it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+
+WALL = re.compile(r"^ci: passed in (\d+) min (\d+) s")
+SUMMARY = re.compile(r"=+ (.*) in ([0-9.]+)s \(")
+
+
+def runs(logs: list[Path]) -> list[str]:
+    out = ["| run | `.ci/run` wall | pytest | result |", "|---|---|---|---|"]
+    for log in logs:
+        text = log.read_text(errors="replace").splitlines()
+        wall = next((m for m in map(WALL.match, text) if m), None)
+        summary = next((m for m in map(SUMMARY.search, reversed(text)) if m), None)
+        pytest_s = float(summary.group(2)) if summary else None
+        out.append(f"| {log.stem} | {f'{int(wall.group(1))} min {int(wall.group(2))} s' if wall else 'failed'} | "
+                   f"{f'{pytest_s // 60:.0f} min {pytest_s % 60:.0f} s' if pytest_s else '-'} | "
+                   f"{summary.group(1) if summary else '-'} |")
+    return out
+
+
+def workers(timeline: Path) -> list[str]:
+    rows = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["w"]]  # a controller's copy of a report carries no worker
+    t0 = min(r["start"] for r in rows)
+    span: dict[tuple[str, str], list[float]] = {}
+    busy: collections.Counter[tuple[str, str]] = collections.Counter()
+    tests: collections.Counter[tuple[str, str]] = collections.Counter()
+    for r in rows:
+        group = r["id"].rsplit("@", 1)[1] if "@lab-" in r["id"] else "beside the lab"
+        for key in ((r["w"], group), (r["w"], r["id"].split("::", 1)[0]) if "@lab-" in r["id"] else None):
+            if key is None:
+                continue
+            s = span.setdefault(key, [r["start"], r["stop"]])
+            s[0], s[1] = min(s[0], r["start"]), max(s[1], r["stop"])
+            busy[key] += r["stop"] - r["start"]
+            tests[key] += r["when"] == "call"
+    out = ["| worker | group or lab file | from (s) | to (s) | busy (s) | tests |", "|---|---|---|---|---|---|"]
+    for key, (a, b) in sorted(span.items(), key=lambda kv: (kv[0][0], not kv[0][1].startswith(("lab-", "beside")),
+                                                             kv[1][0])):
+        out.append(f"| {key[0]} | {key[1]} | {a - t0:.0f} | {b - t0:.0f} | {busy[key]:.0f} | {tests[key]} |")
+    out.append(f"\nfirst test to last: {max(r['stop'] for r in rows) - t0:.0f} s")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("what", choices=("runs", "workers"))
+    ap.add_argument("files", nargs="+", type=Path)
+    args = ap.parse_args(argv)
+    if args.what == "runs":
+        print("\n".join(runs(args.files)))
+    else:
+        for f in args.files:
+            print(f"{f.name}\n" + "\n".join(workers(f)) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
