@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import re
 import sys
@@ -38,7 +39,8 @@ def runs(logs: list[Path]) -> list[str]:
 
 
 def workers(timeline: Path) -> list[str]:
-    rows = [json.loads(line) for line in timeline.read_text().splitlines() if line.strip()]
+    text = gzip.decompress(timeline.read_bytes()).decode() if timeline.suffix == ".gz" else timeline.read_text()
+    rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     rows = [r for r in rows if r["w"]]  # a controller's copy of a report carries no worker
     t0 = min(r["start"] for r in rows)
     span: dict[tuple[str, str], list[float]] = {}

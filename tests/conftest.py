@@ -146,21 +146,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    path = _TIMELINE[0] if _TIMELINE else None
-    if path and os.environ.get("PYTEST_XDIST_WORKER"):  # the workers' own reports, not the controller's copies
-        line = json.dumps({"w": os.environ["PYTEST_XDIST_WORKER"], "id": report.nodeid, "when": report.when,
+    if _TIMELINE:
+        path, worker = _TIMELINE
+        line = json.dumps({"w": worker, "id": report.nodeid, "when": report.when,
                            "start": report.start, "stop": report.stop, "outcome": report.outcome})
         with open(path, "a") as fh:  # one short append per line: the workers' lines do not interleave
             fh.write(line + "\n")
 
 
-_TIMELINE: list[str] = []
+_TIMELINE: list[str] = []  # [path, worker] in a process that runs tests and was given --timeline
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    """Only the processes that run tests write: an xdist worker (its id from xdist, not from the
+    environment, which a pytest run inside a worker's test inherits) or a run without xdist, never an
+    xdist controller, which receives a copy of every report."""
     path = config.getoption("--timeline")
-    if path:
-        _TIMELINE.append(os.path.abspath(path))
+    workerinput = getattr(config, "workerinput", None)
+    controller = workerinput is None and getattr(config.option, "dist", "no") != "no"
+    if path and not controller:
+        _TIMELINE[:] = [os.path.abspath(path), workerinput["workerid"] if workerinput else "main"]
 
 
 # --------------------------------------------------------------------------- the lab
