@@ -16,8 +16,12 @@ TERMINAL = ("FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TTY_COMPATIBLE", "TTY_
             "JUPYTER_COLUMNS", "JUPYTER_LINES", "TERM", "NO_COLOR")
 LOCALE = ("LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "LC_COLLATE", "LC_MESSAGES", "LC_NUMERIC", "LC_TIME", "LOCPATH")
 XDG = ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_DATA_HOME", "XDG_RUNTIME_DIR")
+# the CPU count: torch (OpenMP) starts one thread per CPU in every process. Four workers on two CPUs, each
+# with a torch child or two, then ran every parallel op as a gang that waits for its descheduled members:
+# three processes of a small Llama took 35 s each instead of 3.7 s with one thread (2-CPU box, 2026-12-05).
+# One thread everywhere, which also gives every machine the same reduction order.
 PINNED = {"TZ": "UTC", "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8", "NO_COLOR": "1", "COLUMNS": "80", "LINES": "25",
-          "TERM": "dumb"}
+          "TERM": "dumb", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 CONTROL_HOST = "control.ddtree-tests.invalid"  # .invalid: no machine is called this (RFC 2606)
 
 

@@ -11,6 +11,7 @@ Nothing here touches the network.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -132,8 +133,15 @@ def is_converted(dest: Path) -> bool:
 
 def smollm2_dir() -> Path:
     dest = smollm2_cached()
-    if not is_converted(dest):
-        convert_smollm2(dest)
+    if is_converted(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # one conversion at a time: a second `engine verify` started meanwhile waits for the first's files
+    # (seconds) instead of converting them again beside it (half a minute of every CPU)
+    with open(dest.parent / f"{dest.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_converted(dest):
+            convert_smollm2(dest)
     return dest
 
 

@@ -92,6 +92,36 @@ def test_the_converted_model_is_kept_under_a_key_of_its_inputs(monkeypatch: pyte
     assert models.smollm2_key() != key
 
 
+def test_two_first_uses_at_once_convert_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A second `engine verify` started while the first converts waits for its files (the lock beside
+    them) instead of converting beside it."""
+    import threading
+    import time
+
+    monkeypatch.setenv("DDTREE_OPS_CACHE", str(tmp_path))
+    monkeypatch.setattr(models, "smollm2_key", lambda: "k")
+    calls: list[Path] = []
+
+    def convert(dest: Path) -> Path:
+        calls.append(dest)
+        time.sleep(0.5)              # the other thread asks meanwhile
+        dest.mkdir(parents=True)
+        for name in ("config.json", "model.safetensors"):
+            (dest / name).write_text("{}")
+        return dest
+
+    monkeypatch.setattr(models, "convert_smollm2", convert)
+    got: list[Path] = []
+    threads = [threading.Thread(target=lambda: got.append(models.smollm2_dir())) for _ in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)
+    for t in threads:
+        t.join(timeout=30)
+    assert got == [tmp_path / "models" / "smollm2-135m-instruct-k"] * 2
+    assert len(calls) == 1
+
+
 @pytest.mark.slow
 def test_verify_converts_into_an_empty_cache_and_nowhere_else(tmp_path: Path) -> None:
     home, xdg = tmp_path / "home", tmp_path / "xdg"

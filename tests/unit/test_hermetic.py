@@ -52,6 +52,15 @@ def test_this_session_runs_pinned() -> None:
     assert Path(os.environ["DDTREE_LAB_HOME"]).is_absolute()
 
 
+def test_torch_runs_one_thread_here_and_in_the_processes_tests_start() -> None:
+    """The CPU count pinned: whatever the machine has, torch's pool is one thread in a worker and in
+    every child (the pair's training, `engine verify`, the stand-in servers)."""
+    torch = pytest.importorskip("torch")
+    child = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                           capture_output=True, text=True, timeout=120, check=True)
+    assert (torch.get_num_threads(), child.stdout.strip()) == (1, "1")
+
+
 # tests whose outcome the machine decided before the pins (see the module docstring)
 SENSITIVE = [
     "tests/unit/test_render.py::test_golden_units",  # DDTREE_OPS_INVENTORY
