@@ -27,20 +27,28 @@ $(STAMP):
 install: $(STAMP)
 
 # the lab's Debian packages (mmdebstrap, systemd-container, OpenSSH, iproute2, systemd-analyze):
-# installed when missing if root, else one line naming the apt-get command; silent when all is there
-packages: install
-	@$(BIN)/python -m ddtree_ops.lab._sys packages
+# installed when missing if root, else one line naming the apt-get command; silent when all is there.
+# The standard library is enough, so it runs before the virtualenv exists.
+packages:
+	@$(PY) -m ddtree_ops.lab._sys packages
 
+# The lab's tree (Debian and its SGLang venv, about a minute from an empty cache) is built while `make install`
+# runs, by the standard library alone; its lines are shown once both are done. A failed build is shown and left
+# to the lab tests, which build it again and fail with its error.
 test: packages
+	@log=$$(mktemp); $(PY) -m ddtree_ops.lab.tree >"$$log" 2>&1 & tree=$$!; \
+	$(MAKE) --no-print-directory -s install; rc=$$?; \
+	wait $$tree || echo "make test: building the lab tree beforehand failed; the lab tests build it again:"; \
+	cat "$$log"; rm -f "$$log"; exit $$rc
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not lab and not slow"
 
-test-lab: packages
+test-lab: install packages
 	$(BIN)/python -m pytest -m lab
 
-demo: packages
+demo: install packages
 	PATH="$(abspath $(BIN)):$$PATH" scripts/demo.sh
 
 bench: install

@@ -421,8 +421,9 @@ def rollback(host: Host, p: Profile, *, to: str | None = None, dry_run: bool = F
              confirm: Callable[[str], bool] | None = None, lock_wait_s: float = 0,
              on_plan: Callable[[Outcome], None] | None = None) -> Outcome:
     """The rollback target (the profile's policy: the last NEXTN release that passed), or `to`
-    (a release id, or `previous`), through the same gate. A target already installed and healthy
-    is a no-op that says so; otherwise it asks, as a deploy does."""
+    (a release id, or `previous`), through the same gate. A target already installed by the tool (the
+    record's current release), its files in place and healthy, is a no-op that says so; otherwise it
+    asks, as a deploy does."""
     t0 = time.monotonic()
     layout = _layout(p)
     out = Outcome(p.name, p.known_good_mode, to or "", DeployExit.REFUSED, "refused", "", command="rollback")
@@ -459,7 +460,9 @@ def rollback(host: Host, p: Profile, *, to: str | None = None, dry_run: bool = F
         if state.pending:
             plan.resolve = (f"the unfinished {state.pending.get('action')} of {state.pending.get('release_id')} ends "
                             "interrupted")
-        if same and state.pending is None:
+        # a no-op only where the record says the target is what was started: files put back by hand match
+        # it too, but the process serving may still be the release before (files are read at a start)
+        if same and state.pending is None and state.current == target.release_id:
             ok, detail = healthy_now(host, p)
             if ok:
                 plan.changes = plan.restart = False

@@ -182,3 +182,28 @@ def cleanup_nspawn_leftovers(name: str) -> None:
             d.rmdir()
     if base.is_dir() and not any(base.iterdir()):
         base.rmdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ddtree_ops.lab.tree`: build the lab's tree unless a current one is cached. `make test` runs it
+    beside `make install`, before the project's virtualenv exists: it needs root, the lab's Debian packages
+    and the standard library only. Exit 1 on a failed build (the lab tests then build it again and fail
+    with the same error)."""
+    if argv:
+        sys.stderr.write("usage: python -m ddtree_ops.lab.tree\n")
+        return 64
+    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731 (progress lines)
+    if os.geteuid() != 0:
+        say("lab tree: not built (the lab needs root)")
+        return 0
+    try:
+        if not ensure_tree(Paths.default(), log=say):
+            say("lab tree: cached and current")
+    except LabError as exc:
+        say(f"error: {exc}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

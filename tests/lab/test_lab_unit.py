@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -249,3 +251,39 @@ def test_the_wheels_are_fetched_while_the_debian_tree_is_built(tmp_path: Path, m
     paths = Paths(tmp_path / "lab")
     assert tree.ensure_tree(paths, log=lambda _m: None)
     assert steps == ["wheels", "debian", "configure", "venv"] and tree.is_current(paths)
+
+
+def test_the_tree_builds_before_the_virtualenv_exists() -> None:
+    """`make test` builds the tree beside `make install` with the bare interpreter: the modules it runs
+    import nothing outside the standard library (-S: no site-packages at all)."""
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-S", "-c", "import ddtree_ops.lab.tree, ddtree_ops.lab._sys"],
+                          capture_output=True, text=True, cwd=repo, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_the_tree_command_builds_once_and_reports_a_failure(monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    built: list[Paths] = []
+
+    def ensure(paths: Paths, *, log: Any) -> bool:
+        built.append(paths)
+        log("lab tree ready in 1s")
+        return True
+
+    monkeypatch.setattr(tree.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(tree, "ensure_tree", ensure)
+    assert tree.main([]) == 0 and built == [Paths.default()]
+    assert "lab tree ready" in capsys.readouterr().err
+    monkeypatch.setattr(tree, "ensure_tree", lambda paths, *, log: False)
+    assert tree.main([]) == 0 and "cached and current" in capsys.readouterr().err
+
+    def broken(paths: Paths, *, log: Any) -> bool:
+        raise _sys.LabError("mmdebstrap failed (exit 1): no network")
+
+    monkeypatch.setattr(tree, "ensure_tree", broken)
+    assert tree.main([]) == 1 and "error: mmdebstrap failed (exit 1): no network" in capsys.readouterr().err
+    monkeypatch.setattr(tree.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(tree, "ensure_tree", ensure)
+    assert tree.main([]) == 0 and len(built) == 1 and "needs root" in capsys.readouterr().err
+    assert tree.main(["x"]) == 64

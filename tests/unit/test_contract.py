@@ -233,6 +233,28 @@ def test_a_rollback_that_passes_exits_0_on_the_known_good_release(
     assert host.text(UNIT) == render(profile, "nextn").unit_text
 
 
+def test_a_target_whose_files_were_put_back_by_hand_is_rolled_back_not_trusted(
+        cli: Any, host: FakeHost, profile: Profile) -> None:
+    """The NEXTN files written back by hand over a passing experiment: the files match the target, but the
+    record says another release is current, and the process serving may still be that release's (files
+    are read at the next start). `rollback` restarts and gates the target, and the record then names it;
+    a no-op here left `current` on the experiment for every later command."""
+    from ddtree_ops.transaction import env_path_of
+
+    deploy(cli, "dflash")
+    baseline = next(k.split("/")[-2] for k in host.files if "/releases/baseline-" in k and k.endswith("/unit"))
+    stored = next(k for k in host.files if k.endswith(f"/releases/{baseline}/unit")).removesuffix("/unit")
+    host.files[UNIT], host.files[env_path_of(profile)] = host.files[f"{stored}/unit"], host.files[f"{stored}/env"]
+    starts = host.starts
+    rc, doc, _ = rollback(cli)
+    contract(doc, rc, "ok")
+    assert doc["release_id"] == baseline and doc["gate"]["passed"] is True and host.starts == starts + 1
+    assert records(host)["current"] == baseline
+    rc, doc, _ = rollback(cli)  # now the record and the files agree: nothing to do
+    contract(doc, rc, "no-change")
+    assert host.starts == starts + 1
+
+
 def test_a_rollback_that_fails_its_gate_exits_2_degraded(cli: Any, host: FakeHost) -> None:
     deploy(cli, "dflash")
     host.broken = {"nextn"}  # the rollback target (the NEXTN baseline) fails its next start
