@@ -156,6 +156,14 @@ def pair_deploy(lab: Any, test: str, mode: str = "nextn", *extra: str) -> tuple[
                 *tag(test), *extra)
 
 
+def pair_known_good(lab: Any) -> None:
+    """The pair's NEXTN release passed, the one a failure rolls back to: test_two_node_service_deploys_as_one's
+    (the same release, so a no-op after it), or deployed here when a test runs without it (alone, in
+    another order), which otherwise found nothing to roll back to and exited 2."""
+    rc, _, err = pair_deploy(lab, "pair")
+    assert rc == 0, err
+
+
 def test_two_node_service_deploys_as_one(lab6: Any) -> None:
     rc, doc, err = pair_deploy(lab6, "pair")
     assert rc == 0, err
@@ -176,6 +184,7 @@ def test_two_node_service_deploys_as_one(lab6: Any) -> None:
 
 
 def test_rendezvous_unreachable_from_one_node_is_refused_before_any_change(lab6: Any) -> None:
+    pair_known_good(lab6)
     before = {h: on_host(lab6, h, "systemctl", "show", "-p", "InvocationID", "--value", "sglang-pair.service")
               for h in NODES}
     lab6.fault("ct202", "rendezvous-unreachable")
@@ -192,6 +201,7 @@ def test_rendezvous_unreachable_from_one_node_is_refused_before_any_change(lab6:
 
 
 def test_one_rank_out_of_memory_rolls_every_node_back_and_diagnose_names_it(lab6: Any) -> None:
+    pair_known_good(lab6)
     lab6.fault("ct202", "rank-oom")
     rc, doc, err = pair_deploy(lab6, "oom")
     assert rc == 1, err
@@ -206,6 +216,7 @@ def test_one_rank_out_of_memory_rolls_every_node_back_and_diagnose_names_it(lab6
 
 
 def test_a_node_that_dies_after_ready_fails_the_service_and_every_node_rolls_back(lab6: Any) -> None:
+    pair_known_good(lab6)
     lab6.fault("ct202", "crash-after-ready", seconds=5)  # after rank 0 is ready, inside the 10 s window
     rc, doc, err = tool(lab6, "deploy", PAIR, "--mode", "nextn", "--yes", "--json", "--set",
                         "gate.stay_healthy_s=10", *tag("died"))
