@@ -229,7 +229,10 @@ def test_a_third_interrupt_abandons_and_rollback_finds_the_pending_hosts(fleet: 
     assert left, "an abandoned wave leaves its pending records"
     rc, doc, err = tool(fleet, "rollback", "--yes", "--json")  # no HOST: every host whose last change did not pass
     assert rc == 0, err
-    assert sorted(h["host"] for h in doc["hosts"]) == sorted(left)
+    # the hosts with a pending record, and no host outside the abandoned wave; a wave host whose record the
+    # second interrupt's rollback had already closed may be caught restarting (not healthy), and is repaired too
+    repaired = {h["host"] for h in doc["hosts"]}
+    assert set(left) <= repaired <= set(WAVES[1]), (left, repaired)
     assert all(f"{h}: an unfinished" in err for h in left)
 
 
