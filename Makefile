@@ -32,6 +32,8 @@ install: $(STAMP)
 packages:
 	@$(PY) -m ddtree_ops.lab._sys packages
 
+# The project's own modules are byte-compiled before the run: every lab test starts `ddtree-ops` in a process
+# of its own, and where PYTHONDONTWRITEBYTECODE is set each of them compiled the tool afresh.
 # The lab's tree (Debian and its SGLang venv, about a minute from an empty cache) is built while `make install`
 # runs, by the standard library alone; its lines are shown once both are done. A failed build is shown and left
 # to the lab tests, which build it again and fail with its error.
@@ -40,6 +42,7 @@ test: packages
 	$(MAKE) --no-print-directory -s install; rc=$$?; \
 	wait $$tree || echo "make test: building the lab tree beforehand failed; the lab tests build it again:"; \
 	cat "$$log"; rm -f "$$log"; exit $$rc
+	@$(BIN)/python -m compileall -q ddtree_ops tests >/dev/null || true
 	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install

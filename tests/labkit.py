@@ -35,10 +35,14 @@ PORT = 30000
 # (`rollback` takes no --set) wait half a minute. The window's own behaviour is tested with the lengths
 # each test gives (test_deploy_lab's crash inside the window); elsewhere a restart only needs to settle.
 LAB_STAY_S = 2
+# ... and its poll: the shipped 0.25 s costs each watched host a systemctl, a journalctl and a health request
+# four times a second; on a 2-CPU machine driving three lab tests at once that was a measured 0.5 CPU-s
+# per deploy (bench/results/make_test/README.md), for a start the stand-in makes in about 4 s
+LAB_POLL_S = 1
 
 
 def lab_profiles() -> Path:
-    """The shipped profiles, byte for byte but the window in defaults.yaml (so every file:line a message
+    """The shipped profiles, byte for byte but the window and the poll in defaults.yaml (so every file:line a message
     cites is the shipped one's); made once per process."""
     global _LAB_PROFILES
     if _LAB_PROFILES is None:
@@ -52,6 +56,8 @@ def lab_profiles() -> Path:
         defaults = root / "profiles" / "defaults.yaml"
         text, n = re.subn(r"(?m)^(  stay_healthy_s: )30$", rf"\g<1>{LAB_STAY_S}", defaults.read_text())
         assert n == 1, "defaults.yaml's gate.stay_healthy_s is no longer 30: revisit LAB_STAY_S"
+        text, n = re.subn(r"(?m)^(  poll_interval_s: )0\.25$", rf"\g<1>{LAB_POLL_S}", text)
+        assert n == 1, "defaults.yaml's gate.poll_interval_s is no longer 0.25: revisit LAB_POLL_S"
         defaults.write_text(text)
         _LAB_PROFILES = root / "profiles"
     return _LAB_PROFILES

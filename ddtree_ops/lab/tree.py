@@ -35,8 +35,11 @@ VENV_WITH_DEPS = ("torch==2.13.0", "numpy", "nvidia-ml-py", "psutil", "packaging
                   "aiohttp")
 # ... and these without: sglang pins a CUDA torch and flashinfer/sgl-kernel that cannot run here
 VENV_NO_DEPS = ("sglang==0.5.23", "triton==3.9.0")
+# what the stand-in imports; run once in the tree, it also byte-compiles exactly that (the venv is installed
+# with --no-compile: pip compiling all of sglang, torch and triton was a third of the tree's build)
 IMPORT_CHECK = ("from sglang.srt.server_args import prepare_server_args; "
                 "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm; "
+                "from sglang.srt.speculative.spec_registry import CustomSpecAlgo; "
                 "from sglang.srt.plugins import load_plugins; print('sglang-import-ok')")
 
 RECIPE = {"version": 2, "builder": "mmdebstrap", "suite": SUITE, "packages": DEBIAN_PACKAGES, "venv": VENV,
@@ -155,7 +158,7 @@ def in_tree(root: Path, script: str, *, binds: dict[str, str] | None = None, tim
 
 
 def _venv(root: Path, wheelhouse: Path) -> None:
-    pip = f"{VENV}/bin/pip install --quiet --no-index --find-links /wheelhouse"
+    pip = f"{VENV}/bin/pip install --quiet --no-compile --no-index --find-links /wheelhouse"
     script = "\n".join([
         f"python3 -m venv {VENV}",
         f"{pip} {' '.join(VENV_WITH_DEPS)}",

@@ -76,7 +76,7 @@ def test_ct200_promotes_a_tree_that_keeps_its_promise_and_rolls_back_one_that_do
     rc, doc, err = promote(lab, host, "--yes")
     lab.stop_load(host)
     assert (rc, doc["result"]) == (1, "rolled-back"), (doc["reason"], err[-3000:])
-    assert doc["gate"]["passed"] is True and doc["live"]["passed"] is False
+    assert doc["gate"]["passed"] is True and doc["live"]["passed"] is False, (doc["gate"], doc["live"], err[-3000:])
     assert "below the prediction" in doc["live"]["reason"] and doc["live"]["tau_tree_ratio"] < 0.97
     assert doc["rollback_gate"]["passed"] is True
     current, attempts, _ = history(lab, host)
