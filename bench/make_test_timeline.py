@@ -7,6 +7,9 @@
         first test), and how long its tests held the worker (setup + call + teardown; a setup includes the
         wait for the lab hosts it holds)
 
+    python bench/make_test_timeline.py cpu bench/results/make_test/<run>.cpu.json.gz
+        CPU seconds by kind of process over the run, from bench/make_test_cpu.py's samples
+
 A timeline is what `make test PYTEST_ARGS=--timeline=PATH` writes (tests/conftest.py): one JSON line per
 test phase, from the worker that ran it.
 """
@@ -20,6 +23,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 WALL = re.compile(r"^ci: passed in (\d+) min (\d+) s")
 SUMMARY = re.compile(r"=+ (.*) in ([0-9.]+)s \(")
@@ -63,13 +67,59 @@ def workers(timeline: Path) -> list[str]:
     return out
 
 
+def kind(p: dict[str, Any]) -> str:
+    """What a sampled process was, from its command line and cgroup (a lab host's are /ddtree-lab-HOST/...)."""
+    cmd, cg = p["cmd"], p["cg"]
+    python = "python" in p["comm"] or "python" in cmd.split(" ", 1)[0]
+    if "/ddtree-lab-" in cg:
+        if "sglang.launch_server" in cmd:
+            return "lab host: the SGLang stand-in (one per start)"
+        if "/sglang.service" in cg:
+            return "lab host: the unit's readiness probe (ExecStartPost)"
+        if "/ssh.service" in cg:
+            return "lab host: python run over SSH (probes, the parser check)" if python else \
+                "lab host: other commands run over SSH (sshd, sh, systemctl, journalctl)"
+        return f"lab host: {p['comm']}"
+    if " -m ddtree_ops" in cmd or "/bin/ddtree-ops" in cmd:
+        return "control: ddtree-ops commands the tests start"
+    if "exec(eval(sys.stdin.readline()))" in cmd:
+        return "control: pytest-xdist workers (the tests themselves)"
+    if " pip " in cmd or "/pip " in cmd:
+        return "control: pip (make install, the lab tree's venv)"
+    if python:
+        return "control: other python (tests' subprocesses, the lab tree build)"
+    if p["ppid"] in (0, 2):
+        return f"machine: {p['comm'].split('/')[0]} (not started by the run)"
+    return "control: other commands"
+
+
+def cpu(path: Path) -> list[str]:
+    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    procs = json.loads(data)
+    seconds: collections.Counter[str] = collections.Counter()
+    count: collections.Counter[str] = collections.Counter()
+    for p in procs:
+        seconds[kind(p)] += p["cpu"]
+        count[kind(p)] += 1
+    total = sum(seconds.values())
+    out = ["| kind of process | CPU (s) | share | processes |", "|---|---|---|---|"]
+    for k, s in seconds.most_common():
+        if s >= 1:
+            out.append(f"| {k} | {s:.0f} | {s / total:.0%} | {count[k]} |")
+    out.append(f"\nall sampled processes: {total:.0f} CPU-s")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("runs", "workers"))
+    ap.add_argument("what", choices=("runs", "workers", "cpu"))
     ap.add_argument("files", nargs="+", type=Path)
     args = ap.parse_args(argv)
     if args.what == "runs":
         print("\n".join(runs(args.files)))
+    elif args.what == "cpu":
+        for f in args.files:
+            print(f"{f.name}\n" + "\n".join(cpu(f)) + "\n")
     else:
         for f in args.files:
             print(f"{f.name}\n" + "\n".join(workers(f)) + "\n")

