@@ -35,8 +35,10 @@ VENV_WITH_DEPS = ("torch==2.13.0", "numpy", "nvidia-ml-py", "psutil", "packaging
                   "aiohttp")
 # ... and these without: sglang pins a CUDA torch and flashinfer/sgl-kernel that cannot run here
 VENV_NO_DEPS = ("sglang==0.5.23", "triton==3.9.0")
-# what the stand-in imports; run once in the tree, it also byte-compiles exactly that (the venv is installed
-# with --no-compile: pip compiling all of sglang, torch and triton was a third of the tree's build)
+# what the stand-in imports; run once in the tree, it also byte-compiles exactly that. The venv is installed
+# with --no-compile: pip compiling all of sglang, torch and triton made the venv's step 40 s instead of 21 s
+# (`.ci/run` runs 22 and 24, bench/results/make_test); a module the check leaves out is compiled by the host
+# that first imports it, into its own overlay
 IMPORT_CHECK = ("from sglang.srt.server_args import prepare_server_args; "
                 "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm; "
                 "from sglang.srt.speculative.spec_registry import CustomSpecAlgo; "
