@@ -35,10 +35,12 @@ VENV_WITH_DEPS = ("torch==2.13.0", "numpy", "nvidia-ml-py", "psutil", "packaging
                   "aiohttp")
 # ... and these without: sglang pins a CUDA torch and flashinfer/sgl-kernel that cannot run here
 VENV_NO_DEPS = ("sglang==0.5.23", "triton==3.9.0")
-# what the stand-in imports; run once in the tree, it also byte-compiles exactly that. The venv is installed
-# with --no-compile: pip compiling all of sglang, torch and triton made the venv's step 40 s instead of 21 s
-# (`.ci/run` runs 22 and 24, bench/results/make_test); a module the check leaves out is compiled by the host
-# that first imports it, into its own overlay
+# what the stand-in imports. The venv keeps pip's byte-compiling of everything. Installed with --no-compile
+# (compiled only as far as this check imports) the venv's step took 21 s instead of 40 s, but each host then
+# compiles what the check leaves out and the plugin imports (SGLang's scheduler, its DFlash worker) into its
+# own overlay, at every boot: the stand-in's CPU in `make test` went from 283 s to 324 s between `.ci/run`
+# runs 23 and 25 (bench/results/make_test/*.cpu.json.gz), which that would explain, and is more than the
+# build saved
 IMPORT_CHECK = ("from sglang.srt.server_args import prepare_server_args; "
                 "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm; "
                 "from sglang.srt.speculative.spec_registry import CustomSpecAlgo; "
@@ -160,7 +162,7 @@ def in_tree(root: Path, script: str, *, binds: dict[str, str] | None = None, tim
 
 
 def _venv(root: Path, wheelhouse: Path) -> None:
-    pip = f"{VENV}/bin/pip install --quiet --no-compile --no-index --find-links /wheelhouse"
+    pip = f"{VENV}/bin/pip install --quiet --no-index --find-links /wheelhouse"
     script = "\n".join([
         f"python3 -m venv {VENV}",
         f"{pip} {' '.join(VENV_WITH_DEPS)}",
