@@ -4,11 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-sglang-cpu.txt scripts/install.sh | sha256sum | cut -c1-12)
-# two pytest processes at once: the lab tests (mostly waiting on real systemd) in three pytest-xdist workers,
-# one lab group each (tests/conftest.py's LAB_ORDER), each test holding the lab hosts it touches; every other
-# test file in one process beside them (tests/conftest.py's --part)
-LAB_WORKERS ?= 3
-LAB_XDIST := -n $(LAB_WORKERS) --dist loadgroup --no-loadscope-reorder
+# four pytest-xdist workers: the lab tests (mostly waiting on real systemd) in three, each test holding the
+# lab hosts it touches, and every other test file beside them; tests/conftest.py makes the groups
+WORKERS ?= 4
+XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 
 .PHONY: install packages test test-fast test-lab demo bench golden lab-down clean help
 
@@ -44,12 +43,7 @@ test: packages
 	wait $$tree || echo "make test: building the lab tree beforehand failed; the lab tests build it again:"; \
 	cat "$$log"; rm -f "$$log"; exit $$rc
 	@$(BIN)/python -m compileall -q ddtree_ops tests >/dev/null || true
-	@lablog=$$(mktemp); trap 'rm -f "$$lablog"' EXIT; \
-	echo "make test: the lab tests run beside these (pytest --part lab $(LAB_XDIST)); their report follows"; \
-	$(BIN)/python -m pytest --part lab $(LAB_XDIST) $(PYTEST_ARGS) >"$$lablog" 2>&1 & lab=$$!; \
-	$(BIN)/python -m pytest --part beside $(PYTEST_ARGS); beside=$$?; \
-	wait $$lab; labrc=$$?; echo; echo "make test: the lab tests (pytest --part lab $(LAB_XDIST)):"; \
-	cat "$$lablog"; [ $$beside -eq 0 ] && [ $$labrc -eq 0 ]
+	$(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 test-fast: install
 	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not lab and not slow"

@@ -27,8 +27,6 @@ from typing import Any
 
 WALL = re.compile(r"^ci: passed in (\d+) min (\d+) s")
 SUMMARY = re.compile(r"=+ (.*) in ([0-9.]+)s \(")
-COUNT = re.compile(r"(\d+) (failed|passed|skipped|deselected|xfailed|xpassed|warnings?|errors?)")
-ORDER = ["failed", "passed", "skipped", "deselected", "xfailed", "xpassed", "warning", "warnings", "error"]
 
 
 def runs(logs: list[Path]) -> list[str]:
@@ -36,18 +34,11 @@ def runs(logs: list[Path]) -> list[str]:
     for log in logs:
         text = log.read_text(errors="replace").splitlines()
         wall = next((m for m in map(WALL.match, text) if m), None)
-        # one summary per pytest process: since run 26 two run at once (the lab part and the rest), so
-        # pytest's figure is the longer of the two and the counts are their sums
-        summaries = [m for m in map(SUMMARY.search, text) if m]
-        pytest_s = max((float(m.group(2)) for m in summaries), default=None)
-        counts: collections.Counter[str] = collections.Counter()
-        for m in summaries:
-            for n, what in COUNT.findall(m.group(1)):
-                counts["error" if what.startswith("error") else what] += int(n)
-        result = ", ".join(f"{n} {what}" for what, n in sorted(counts.items(), key=lambda kv: ORDER.index(kv[0])))
+        summary = next((m for m in map(SUMMARY.search, reversed(text)) if m), None)
+        pytest_s = float(summary.group(2)) if summary else None
         out.append(f"| {log.stem} | {f'{int(wall.group(1))} min {int(wall.group(2))} s' if wall else 'failed'} | "
                    f"{f'{pytest_s // 60:.0f} min {pytest_s % 60:.0f} s' if pytest_s else '-'} | "
-                   f"{result or '-'} |")
+                   f"{summary.group(1) if summary else '-'} |")
     return out
 
 

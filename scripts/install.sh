@@ -11,9 +11,9 @@
 # torch 2.13.0 (CPU) is pinned in the same resolve as everything that asks for plain `torch`, or pip
 # pulls a multi-GB CUDA build; the --no-deps installs last, so a fresh venv gives no resolver report.
 # pip installs without byte-compiling (--no-compile): compiling all 16,000 files of the venv was 30 s of
-# a 77 s install on a 2-CPU box (user CPU 69 s -> 49 s without it). A later stage compiles what runs,
-# by importing it once; a module left out still works: Python compiles it when it is imported (and
-# keeps it, unless PYTHONDONTWRITEBYTECODE is set, as it is on some CI machines).
+# a 77 s install on a 2-CPU box. A later stage compiles what runs, by importing it once (the whole install:
+# 58 s, user CPU 69 s -> 50 s; bench/results/make_test/install_and_collect.txt). A module left out still
+# works: Python compiles it when it is imported (and keeps it, unless PYTHONDONTWRITEBYTECODE is set).
 set -euo pipefail
 PY=${1:-python3}
 VENV=${2:-.venv}

@@ -22,11 +22,10 @@ tool in this process one control-host name (a lock taken "on ops1" was judged by
 ops1). The pins are in tests/hermetic.py;
 tests/unit/test_hermetic.py holds each one.
 
-`make test` runs the suite as two pytest processes at once (`--part`): the lab files in three pytest-xdist
-workers, one lab group each (three workers drive the lab at once, each test holding the lab hosts it
-touches, `hosts` mark), and every other file in one process beside them, niced so that the lab's stand-in
-starts go first. Under plain `pytest -n N` (no `--part`) every other file is a group of its own and the
-lab groups come first.
+`make test` runs the suite in four pytest-xdist workers: the lab tests in three groups (three workers
+drive the lab at once, each test holding the lab hosts it touches, `hosts` mark), every other file a
+group of its own (a module's fixtures are built once), the lab groups first so the fourth worker runs
+everything else beside them (and the lab workers too, once their groups are done).
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ import os
 import shutil
 import socket
 import tempfile
-from pathlib import Path
 import time
 from typing import Iterator
 
@@ -91,18 +89,32 @@ def fixed_control_host(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
 # --------------------------------------------------------------------------- scheduling (pytest-xdist)
 
+# The lab tests mostly wait on processes in the lab hosts, so three workers drive the lab at once, each
+# test holding the hosts it touches (`lab_hosts_held`): a lab test of one worker waits only for a test
+# of another that holds one of its hosts. Files go to the lab groups so that what one runs on ct200 meets
+# what another runs on ct129, in this order; the third runs the multi-GPU and fleet tests on the extra
+# hosts (ct130 to ct203, which no other group touches) first, then a few of ct129 and ct200, and ends
+# with the lab's own lifecycle. A lab file
+# not named here runs last in the first group.
+LAB_ORDER: dict[str, list[str]] = {
+    "lab-a": ["tests/deploy/test_contract_lab.py", "tests/deploy/test_promote_lab.py",
+              "tests/lab/test_standin_lab_tree.py", "tests/lab/test_lab_faults.py"],
+    "lab-b": ["tests/deploy/test_deploy_lab.py", "tests/diagnose/test_diagnose_lab.py", "tests/lab/test_lab_ddtree.py"],
+    "lab-c": ["tests/lab/test_multigpu_lab.py", "tests/fleet/test_fleet_lab.py", "tests/lab/test_profile_init_lab.py",
+              "tests/smoke/test_smoke_lab.py", "tests/lab/test_lab_hosts.py", "tests/lab/test_zz_lifecycle.py"],
+}
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The lab tests in their xdist groups, in labkit.LAB_ORDER, ahead of the rest; every other test in the
+    """The lab tests in their xdist groups, in LAB_ORDER, ahead of the rest; every other test in the
     group of its file. Runs before xdist reads the groups (it does so in its own hook, later)."""
-    if _part(config) == "beside":
-        labkit.no_lab_tests_beside(items)
-    where = {f: (g, i) for g, files in labkit.LAB_ORDER.items() for i, f in enumerate(files)}
+    where = {f: (g, i) for g, files in LAB_ORDER.items() for i, f in enumerate(files)}
     lab = [i for i in items if i.get_closest_marker("lab") is not None]
     rest = [i for i in items if i.get_closest_marker("lab") is None]
-    first = next(iter(labkit.LAB_ORDER))
+    first = next(iter(LAB_ORDER))
     place = {id(i): where.get(i.nodeid.split("::", 1)[0], (first, len(where))) for i in lab}
-    lab.sort(key=lambda i: (list(labkit.LAB_ORDER).index(place[id(i)][0]), place[id(i)][1]))  # stable: file order kept
+    lab.sort(key=lambda i: (list(LAB_ORDER).index(place[id(i)][0]), place[id(i)][1]))  # stable: file order kept
     for item in lab:
         item.add_marker(pytest.mark.xdist_group(place[id(item)][0]))
     for item in rest:
@@ -124,40 +136,10 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         os.nice(10)
 
 
-# --------------------------------------------------------------------------- make test: two pytest processes
-
-# `make test` runs the suite as two pytest processes at once: `--part lab` collects only the labkit.LAB_ORDER files
-# (three xdist workers, one group each) and `--part beside` every other file (one process, niced). On a
-# 2-CPU machine the run is CPU-bound, and one xdist session made each of its four workers collect, and import
-# for, all 3,500 tests (13 s of CPU each) where a lab worker needs 15 files (2 s).
-
-
-def _part(config: pytest.Config) -> str | None:
-    return config.getoption("--part", None)
-
-
-def _lab_file(config: pytest.Config, path: Path) -> bool:
-    try:
-        rel = path.relative_to(config.rootpath).as_posix()
-    except ValueError:
-        return False
-    return any(rel in files for files in labkit.LAB_ORDER.values())
-
-
-def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
-    part = _part(config)
-    if part is None or not collection_path.name.startswith("test_") or collection_path.suffix != ".py":
-        return None
-    return True if _lab_file(config, collection_path) != (part == "lab") else None
-
-
 # --------------------------------------------------------------------------- where the time went
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--part", choices=("lab", "beside"), default=None,
-                     help="collect only the lab files (tests/labkit.py's LAB_ORDER) or only every other file: "
-                          "make test runs the two parts as two pytest processes at once")
     parser.addoption("--timeline", metavar="PATH", default=None,
                      help="append one JSON line per test phase (worker, test, phase, start, stop, outcome) to "
                           "PATH: bench/make_test_timeline.py reads it (make test PYTEST_ARGS=--timeline=PATH)")
@@ -179,8 +161,6 @@ def pytest_configure(config: pytest.Config) -> None:
     """Only the processes that run tests write: an xdist worker (its id from xdist, not from the
     environment, which a pytest run inside a worker's test inherits) or a run without xdist, never an
     xdist controller, which receives a copy of every report."""
-    if _part(config) == "beside" and getattr(config, "workerinput", None) is None:
-        os.nice(10)  # as the xdist worker beside the lab did: the lab's stand-in starts go first
     path = config.getoption("--timeline")
     workerinput = getattr(config, "workerinput", None)
     controller = workerinput is None and getattr(config.option, "dist", "no") != "no"

@@ -313,32 +313,3 @@ class LabUse:
             return True
         finally:
             self.users.close()
-
-
-# --------------------------------------------------------------------------- make test's lab groups
-
-# The lab tests mostly wait on processes in the lab hosts, so three workers drive the lab at once, each
-# test holding the hosts it touches (`lab_hosts_held`): a lab test of one worker waits only for a test
-# of another that holds one of its hosts. Files go to the lab groups so that what one runs on ct200 meets
-# what another runs on ct129, in this order; the third runs the multi-GPU and fleet tests on the extra
-# hosts (ct130 to ct203, which no other group touches) first, then a few of ct129 and ct200, and ends
-# with the lab's own lifecycle. Under `make test` every lab file must be named here (its lab part collects only
-# these; the part beside refuses a lab test); under plain `pytest -n N` one not named runs last in the first group.
-LAB_ORDER: dict[str, list[str]] = {
-    "lab-a": ["tests/deploy/test_contract_lab.py", "tests/deploy/test_promote_lab.py",
-              "tests/lab/test_standin_lab_tree.py", "tests/lab/test_lab_faults.py"],
-    "lab-b": ["tests/deploy/test_deploy_lab.py", "tests/diagnose/test_diagnose_lab.py", "tests/lab/test_lab_ddtree.py"],
-    "lab-c": ["tests/lab/test_multigpu_lab.py", "tests/fleet/test_fleet_lab.py", "tests/lab/test_profile_init_lab.py",
-              "tests/smoke/test_smoke_lab.py", "tests/lab/test_lab_hosts.py", "tests/lab/test_zz_lifecycle.py"],
-}
-
-
-def no_lab_tests_beside(items: Sequence[Any]) -> None:
-    """`make test`'s part beside the lab must not meet a lab test: it would run it outside the lab's
-    groups (or, with -m "not lab", nobody would). A new lab file goes into LAB_ORDER."""
-    import pytest
-
-    strays = sorted({i.nodeid.split("::", 1)[0] for i in items if i.get_closest_marker("lab") is not None})
-    if strays:
-        raise pytest.UsageError(f"lab tests outside tests/labkit.py's LAB_ORDER: {', '.join(strays)}; name "
-                                "each file in a lab group there (make test's lab part collects only those)")
