@@ -317,10 +317,22 @@ class SSHHost:
         with self._lock:
             self.round_trips += 1
             self.sessions += 1
-        try:
-            return transport.open_session(timeout=timeout)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
-            raise HostUnreachable(f"{self.name}: SSH connection lost ({_reason(exc)})") from None
+        # sshd refuses a session past its MaxSessions (10 by default) on one connection while the others
+        # run; paramiko then says "Connect failed" or, with several threads opening at once, "Unable to
+        # open channel". The connection is fine: wait for one of them to end, up to the command's timeout
+        # (`make test` run 27 failed a fleet preflight on this, reported as "SSH connection lost").
+        deadline, pause = time.monotonic() + timeout, 0.02
+        while True:
+            try:
+                return transport.open_session(timeout=timeout)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                if not transport.is_active():
+                    raise HostUnreachable(f"{self.name}: SSH connection lost ({_reason(exc)})") from None
+                if time.monotonic() + pause > deadline:
+                    raise HostUnreachable(f"{self.name}: the host refused a new SSH session for {timeout:g}s "
+                                          f"({_reason(exc)}; sshd's MaxSessions?)") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.5)
 
     # ---------------------------------------------------------------- HTTP over the SSH connection
 

@@ -67,6 +67,25 @@ def test_proxyjump_chain(sshd: Any, tmp_path: Path) -> None:
         assert host.run(["echo", "through the jump"]).stdout == "through the jump\n"
 
 
+def test_more_commands_at_once_than_sshd_allows_sessions_wait_for_one(sshd: Any, tmp_path: Path) -> None:
+    """OpenSSH allows 10 sessions on one connection (MaxSessions): the 11th to 14th wait for a slot
+    instead of failing as a lost connection (make test run 27: a fleet preflight refused a host)."""
+    cfg = sshd.ssh_config(known_hosts=tmp_path / "known_hosts")
+    results: list[object] = []
+    with connect(_profile(), ssh_config=str(cfg)) as host:
+        def one() -> None:
+            try:
+                results.append(host.run(["sleep", "1"], timeout=30).rc)
+            except Exception as exc:  # noqa: BLE001 (the test reports what a thread raised)
+                results.append(exc)
+        threads = [threading.Thread(target=one) for _ in range(14)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert results == [0] * 14, results
+
+
 def test_put_get_and_missing_file(sshd: Any, tmp_path: Path) -> None:
     cfg = sshd.ssh_config(known_hosts=tmp_path / "kh")
     target = tmp_path / "remote" / "unit.service"
