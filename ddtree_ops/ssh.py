@@ -324,7 +324,8 @@ class SSHHost:
         deadline, pause = time.monotonic() + timeout, 0.02
         while True:
             try:
-                return transport.open_session(timeout=timeout)
+                # each try waits only for what is left, so the whole wait stays within the timeout
+                return transport.open_session(timeout=max(deadline - time.monotonic(), 0.1))
             except (paramiko.SSHException, EOFError, OSError) as exc:
                 if not transport.is_active():
                     raise HostUnreachable(f"{self.name}: SSH connection lost ({_reason(exc)})") from None
