@@ -35,19 +35,38 @@ VENV_WITH_DEPS = ("torch==2.13.0", "numpy", "nvidia-ml-py", "psutil", "packaging
                   "aiohttp")
 # ... and these without: sglang pins a CUDA torch and flashinfer/sgl-kernel that cannot run here
 VENV_NO_DEPS = ("sglang==0.5.23", "triton==3.9.0")
-# what the stand-in imports. The venv keeps pip's byte-compiling of everything. Installed with --no-compile
-# (compiled only as far as this check imports) the venv's step took 21 s instead of 40 s, but each host then
-# compiles what the check leaves out and the plugin imports (SGLang's scheduler, its DFlash worker) into its
-# own overlay, at every boot: the stand-in's CPU in `make test` went from 283 s to 324 s between `.ci/run`
-# runs 23 and 25 (bench/results/make_test/*.cpu.json.gz), which that would explain, and is more than the
-# build saved
+# what the stand-in imports: the build fails unless these import
 IMPORT_CHECK = ("from sglang.srt.server_args import prepare_server_args; "
                 "from sglang.srt.speculative.spec_info import SpeculativeAlgorithm; "
                 "from sglang.srt.speculative.spec_registry import CustomSpecAlgo; "
                 "from sglang.srt.plugins import load_plugins; print('sglang-import-ok')")
+# The venv is installed with --no-compile (pip byte-compiles all ~12,000 modules, torch's and sympy's
+# included, of which a lab host imports ~1,300) and then compiled by importing what the hosts import:
+# the stand-in's SGLang path above and what the ddtree plugin reaches in SGLang when a host serves it.
+# A module left out is compiled by each host into its own overlay at each boot, so the list is checked:
+# tests/lab/test_lab_ddtree.py finds no bytecode a host wrote into the shared venv. Each import may
+# fail on a CPU box part way (no CUDA kernels): what it reached is compiled by then. (--no-compile with
+# only IMPORT_CHECK compiled cost more than it saved: the stand-in's CPU in `make test` rose from 283 s to
+# 324 s, runs 23 and 25 in bench/results/make_test/.)
+WARM_IMPORTS = ("sglang.srt.server_args", "sglang.srt.plugins", "sglang.srt.speculative.spec_info",
+                "sglang.srt.speculative.spec_registry", "sglang.srt.arg_groups.speculative_hook",
+                "sglang.srt.arg_groups.overrides", "sglang.srt.arg_groups.model_override_base",
+                "sglang.srt.speculative.dflash_worker_v2", "sglang.srt.speculative.dflash_info_v2",
+                "sglang.srt.speculative.dflash_info", "sglang.srt.speculative.dflash_utils",
+                "sglang.srt.model_executor.forward_batch_info", "sglang.srt.mem_cache.allocation",
+                "sglang.srt.managers.overlap_utils",
+                "sglang.kernels.ops.speculative.cache_locs", "sglang.kernels.ops.kv_canary.consts",
+                "sglang.srt.parser.reasoning_parser_names", "sglang.srt.function_call.parser_names",
+                "sglang.srt.sampling.watermarking.core", "msgspec", "tqdm", "numpy", "psutil", "pynvml")
+WARM = ("import importlib\n"
+        f"for m in {WARM_IMPORTS!r}:\n"
+        "    try:\n"
+        "        importlib.import_module(m)\n"
+        "    except BaseException as exc:\n"
+        "        print('warm import stopped:', m, type(exc).__name__)\n")
 
-RECIPE = {"version": 2, "builder": "mmdebstrap", "suite": SUITE, "packages": DEBIAN_PACKAGES, "venv": VENV,
-          "with_deps": VENV_WITH_DEPS, "no_deps": VENV_NO_DEPS}
+RECIPE = {"version": 3, "builder": "mmdebstrap", "suite": SUITE, "packages": DEBIAN_PACKAGES, "venv": VENV,
+          "with_deps": VENV_WITH_DEPS, "no_deps": VENV_NO_DEPS, "compiled_by_importing": WARM_IMPORTS}
 
 
 def recipe_id() -> str:
@@ -162,12 +181,13 @@ def in_tree(root: Path, script: str, *, binds: dict[str, str] | None = None, tim
 
 
 def _venv(root: Path, wheelhouse: Path) -> None:
-    pip = f"{VENV}/bin/pip install --quiet --no-index --find-links /wheelhouse"
+    pip = f"{VENV}/bin/pip install --quiet --no-compile --no-index --find-links /wheelhouse"
     script = "\n".join([
         f"python3 -m venv {VENV}",
         f"{pip} {' '.join(VENV_WITH_DEPS)}",
         f"{pip} --no-deps {' '.join(VENV_NO_DEPS)}",
         f"{VENV}/bin/python -c \"{IMPORT_CHECK}\"",
+        f"{VENV}/bin/python - <<'EOF'\n{WARM}EOF",
     ])
     out = in_tree(root, script, binds={str(wheelhouse): "/wheelhouse"}, timeout=1500)
     if "sglang-import-ok" not in out:

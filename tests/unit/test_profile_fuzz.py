@@ -33,7 +33,9 @@ from ddtree_ops.profile import Profile, load_profile
 REPO = Path(__file__).resolve().parents[2]
 HOSTS = ("ct129", "ct200")
 BASE = {name: (REPO / "profiles" / f"{name}.yaml").read_text() for name in ("defaults", *HOSTS)}
-# generous: a case takes ~2 ms; this only catches expansion and hangs, it is not a speed target
+# generous: a case takes ~2 ms of CPU; this only catches expansion and hangs, it is not a speed target.
+# CPU time of this process, not wall time: on a loaded machine a case can wait seconds for a CPU
+# (`make test` on 2 CPUs: 2.75 s of wall for one case, CI of stop 36)
 BOUND_S = 2.0
 
 SENTINEL = Path("/tmp/ddtree-ops-profile-fuzz-ran")   # written only if a YAML payload executes
@@ -175,15 +177,15 @@ LOCATED = re.compile(r"(?:\S*(?:defaults|ct129|ct200)\.yaml(?::(\d+))?|--set .*?
 
 
 def _load(d: Path, host: str, overrides: list[str]) -> tuple[Profile | None, list[str]]:
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     try:
         p: Profile | None = load_profile(host, overrides=overrides, directory=d)
         problems: list[str] = []
     except ProfileError as exc:
         p, problems = None, exc.problems
-    took = time.perf_counter() - t0
+    took = time.process_time() - t0
     assert not SENTINEL.exists(), "a YAML tag ran code"
-    assert took < BOUND_S, f"{took:.2f}s for one profile"
+    assert took < BOUND_S, f"{took:.2f} CPU-s for one profile"
     return p, problems
 
 
