@@ -9,6 +9,7 @@ right flag sets; DFLASH's server-args hook runs for DDTREE through SGLang's reco
 from __future__ import annotations
 
 import ast
+import importlib.util
 import json
 import os
 import pathlib
@@ -17,12 +18,13 @@ import sys
 from typing import Any
 
 import pytest
+from needs import SGLANG
 
-sglang = pytest.importorskip("sglang")
+pytestmark = [SGLANG, pytest.mark.engine]
 
-pytestmark = pytest.mark.engine
-
-SRT = pathlib.Path(sglang.__file__).parent / "srt"
+_SGLANG = importlib.util.find_spec("sglang")
+# where SGLang is installed, without importing it (the tests import it in processes of their own)
+SRT = pathlib.Path(_SGLANG.origin).parent / "srt" if _SGLANG and _SGLANG.origin else pathlib.Path("/nonexistent")
 FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "ddtree_ops" / "lab" / "fixtures"
 TARGET, DRAFT = str(FIXTURES / "Qwen3-8B"), str(FIXTURES / "Qwen3-8B-DFlash-b16")
 
@@ -305,7 +307,7 @@ def test_unsupported_sglang_is_refused_with_the_releases_that_work(algos: dict[s
 
     for key in ("DDTREE_BUDGET", "DDTREE_SHADOW_SHARE", "DDTREE_MODE"):
         monkeypatch.delenv(key, raising=False)
-    monkeypatch.setattr(sglang, "__version__", version)
+    monkeypatch.setattr("sglang.__version__", version)
     sa = server_args(*GOOD)
     if refused:
         with pytest.raises(ValueError, match=f"sglang {version} is not supported \\(supported: 0.5.17, 0.5.23\\)"):

@@ -12,8 +12,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from needs import SGLANG
 
-pytest.importorskip("sglang")
+pytestmark = SGLANG
 
 REPO = Path(__file__).resolve().parents[2]
 

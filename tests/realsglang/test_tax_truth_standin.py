@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 from ports import free_ports
+from needs import SGLANG
 
-pytest.importorskip("sglang")
-pytestmark = pytest.mark.slow
+pytestmark = [SGLANG, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 BENCH = REPO / "bench" / "realsglang"

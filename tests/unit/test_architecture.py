@@ -16,6 +16,7 @@ Each rule reports every offender at once, with its file and line.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import subprocess
 import sys
@@ -113,7 +114,10 @@ def _owner(name: str, mods: dict[str, Module]) -> str:
     return name if name in mods else ""
 
 
-MODS = _modules()
+@functools.cache
+def modules() -> dict[str, Module]:
+    """Parsed once, by the first test that asks (not at collection, which every xdist worker runs)."""
+    return _modules()
 
 
 def _pending(rule: str, module: str) -> bool:
@@ -163,7 +167,7 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _edges() -> dict[str, set[str]]:
-    return {m.name: {i.target for i in m.imports} for m in MODS.values()}
+    return {m.name: {i.target for i in m.imports} for m in modules().values()}
 
 
 def test_no_import_circles() -> None:
@@ -171,7 +175,7 @@ def test_no_import_circles() -> None:
     problems = []
     for comp in _cycles(edges):
         where = [f"  {_show(a)}:{i.line} imports {_show(i.target)}{' (inside a function)' if i.local else ''}"
-                 for a in comp for i in MODS[a].imports if i.target in comp]
+                 for a in comp for i in modules()[a].imports if i.target in comp]
         problems.append("circle: " + " <-> ".join(map(_show, comp)) + "\n" + "\n".join(where))
     assert not problems, "\n".join(problems)
 
@@ -191,7 +195,7 @@ def _floor(name: str) -> int:
 def test_imports_run_down_the_floors() -> None:
     problems = [f"{_show(m.name)}:{i.line} (floor {_floor(m.name)}) imports {_show(i.target)} "
                 f"(floor {_floor(i.target)})"
-                for m in MODS.values() for i in m.imports if _floor(i.target) > _floor(m.name)]
+                for m in modules().values() for i in m.imports if _floor(i.target) > _floor(m.name)]
     assert not problems, "imports that run up the floors of docs/architecture.md:\n" + "\n".join(problems)
 
 
@@ -199,7 +203,7 @@ def test_imports_run_down_the_floors() -> None:
 
 
 def test_no_module_over_1000_lines() -> None:
-    problems = [f"{m.path.relative_to(REPO)}: {len(m.lines)} lines" for m in MODS.values()
+    problems = [f"{m.path.relative_to(REPO)}: {len(m.lines)} lines" for m in modules().values()
                 if len(m.lines) > MAX_LINES and not _pending("size", m.name)]
     assert not problems, f"modules over {MAX_LINES:,} lines (split them along their concerns):\n" + "\n".join(problems)
 
@@ -225,7 +229,7 @@ def _bound_modules(m: Module) -> dict[str, str]:
 
 def test_no_private_names_across_modules() -> None:
     problems = []
-    for m in MODS.values():
+    for m in modules().values():
         for i in m.imports:
             if i.name is not None and _private(i.name):
                 problems.append(f"{_show(m.name)}:{i.line} imports {i.name} from {_show(i.target)}")
@@ -265,7 +269,7 @@ def _has_reason(m: Module, line: int) -> bool:
 
 def _unexplained_local_imports() -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
-    for m in MODS.values():
+    for m in modules().values():
         lines = sorted({i.line for i in m.imports if i.local and not _has_reason(m, i.line)})
         if lines:
             out[m.name] = [f"{m.path.relative_to(REPO)}:{n}: {m.lines[n - 1].strip()}" for n in lines]
@@ -293,7 +297,7 @@ def test_the_cli_starts_without_the_heavy_libraries() -> None:
 def test_the_standin_imports_only_its_own_modules() -> None:
     """It runs on the lab hosts from the files `lab up` copies; only the ddtree plugin, where it is
     installed, may be reached, from inside a function that copes with its absence."""
-    problems = [f"{_show(m.name)}:{i.line} imports {_show(i.target)}" for m in MODS.values()
+    problems = [f"{_show(m.name)}:{i.line} imports {_show(i.target)}" for m in modules().values()
                 if m.name.startswith("lab.standin") for i in m.imports
                 if not i.target.startswith("lab.standin") and not (i.local and i.target.startswith("engine."))]
     assert not problems, "\n".join(problems)
@@ -303,7 +307,7 @@ def test_the_standin_imports_only_its_own_modules() -> None:
 
 
 def test_the_allow_list_holds_nothing_stale() -> None:
-    failing = {("size", m.name) for m in MODS.values() if len(m.lines) > MAX_LINES}
+    failing = {("size", m.name) for m in modules().values() if len(m.lines) > MAX_LINES}
     failing |= {("local-import", name) for name in _unexplained_local_imports()}
     stale = [f"{rule} {_show(name)} ({why})" for (rule, name), why in PENDING.items() if (rule, name) not in failing]
     assert not stale, "delete these entries of PENDING, the rule holds for them now:\n" + "\n".join(stale)
@@ -317,7 +321,7 @@ def _named_in_doc() -> set[str]:
 def test_the_layout_document_names_every_module() -> None:
     named = _named_in_doc()
     missing = []
-    for m in MODS.values():
+    for m in modules().values():
         path = m.name.replace(".", "/")
         if m.is_package and path in named:
             continue
@@ -329,7 +333,7 @@ def test_the_layout_document_names_every_module() -> None:
 
 def test_the_layout_document_names_no_module_that_is_gone() -> None:
     """Every path the document names (`cli/_show.py`, `config/`, `transaction.py`) exists."""
-    paths = {m.name.replace(".", "/") for m in MODS.values()}
+    paths = {m.name.replace(".", "/") for m in modules().values()}
     text = DOC.read_text(encoding="utf-8")
     named = {m.removesuffix(".py").rstrip("/") for m in re.findall(r"`([a-z_][a-z0-9_/]*(?:\.py|/))`", text)}
     named |= set(re.findall(r"`([a-z_][a-z0-9_]*/[a-z0-9_/]*[a-z0-9_])`", text))

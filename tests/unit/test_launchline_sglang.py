@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from needs import SGLANG
 
 from ddtree_ops.config.layers import merge
 from ddtree_ops.config.rules import RENDERED_FLAGS
@@ -28,7 +29,7 @@ from ddtree_ops.launchline import KNOWN, MAPPED_DESTS, FlagSpec, Mapped, split_l
 from ddtree_ops.profile import load_profile
 from ddtree_ops.render import launch_argv
 
-pytest.importorskip("sglang", reason="sglang 0.5.23 (installed --no-deps) is needed for parser checks")
+pytestmark = SGLANG
 REPO = Path(__file__).resolve().parents[2]
 
 # argparse alone (no ServerArgs post-init, which checks combinations the lone flags do not make)

@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import SGLANG
 
 from ddtree_ops.preflight import SGLANG_CHECK
 from ddtree_ops.profile import MODES, load_profile
 from ddtree_ops.render import render
 
 REPO = Path(__file__).resolve().parents[2]
-pytest.importorskip("sglang", reason="sglang 0.5.23 (installed --no-deps) is needed for parser checks")
+pytestmark = SGLANG
 
 BATCH = r'''
 import contextlib, io, json, sys
