@@ -1,7 +1,8 @@
 """Where `make test`'s time goes, from the files `.ci/run` leaves (bench/results/make_test/):
 
     python bench/make_test_timeline.py runs bench/results/make_test/*.log
-        one row per `.ci/run` log: its wall time (printed by .ci/run), pytest's, and the counts
+        one row per `.ci/run` log: its wall time (printed by .ci/run), pytest's, the counts, and the CPU-s a
+        fixed loop took at its start and end (the speed of the CPU the run got; logs before run 30 lack it)
     python bench/make_test_timeline.py workers bench/results/make_test/<run>.timeline.jsonl
         one row per pytest-xdist worker and one per lab file: when it started and ended (seconds from the
         first test), and how long its tests held the worker (setup + call + teardown; a setup includes the
@@ -27,18 +28,20 @@ from typing import Any
 
 WALL = re.compile(r"^ci: passed in (\d+) min (\d+) s")
 SUMMARY = re.compile(r"=+ (.*) in ([0-9.]+)s \(")
+LOOP = re.compile(r"fixed loop took ([0-9.]+) CPU-s")
 
 
 def runs(logs: list[Path]) -> list[str]:
-    out = ["| run | `.ci/run` wall | pytest | result |", "|---|---|---|---|"]
+    out = ["| run | `.ci/run` wall | pytest | result | fixed loop, start / end (CPU-s) |", "|---|---|---|---|---|"]
     for log in logs:
         text = log.read_text(errors="replace").splitlines()
         wall = next((m for m in map(WALL.match, text) if m), None)
         summary = next((m for m in map(SUMMARY.search, reversed(text)) if m), None)
         pytest_s = float(summary.group(2)) if summary else None
+        loops = [m.group(1) for line in text if line.startswith("ci: ") for m in LOOP.finditer(line)]
         out.append(f"| {log.stem} | {f'{int(wall.group(1))} min {int(wall.group(2))} s' if wall else 'failed'} | "
                    f"{f'{pytest_s // 60:.0f} min {pytest_s % 60:.0f} s' if pytest_s else '-'} | "
-                   f"{summary.group(1) if summary else '-'} |")
+                   f"{summary.group(1) if summary else '-'} | {' / '.join(loops) or '-'} |")
     return out
 
 

@@ -249,7 +249,7 @@ class SSHHost:
                     out += chan.recv(65536)
                 elif chan.recv_stderr_ready():
                     err += chan.recv_stderr(65536)
-                elif chan.eof_received:
+                elif chan.eof_received or chan.closed:  # closed: the pipe stays readable, so leave, not spin
                     break
                 else:
                     left = deadline - time.monotonic()

@@ -176,7 +176,7 @@ def _changed(lab: Any, host: str) -> bool:
 def _wait_changed(lab: Any, proc: subprocess.Popen[str], hosts: list[str], timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while not all(_changed(lab, h) for h in hosts):
-        assert proc.poll() is None, proc.communicate()
+        assert proc.poll() is None, "".join(s or "" for s in proc.communicate())  # the whole output, not a cut repr
         assert time.monotonic() < deadline, "the wave never began"
         time.sleep(0.3)
 

@@ -30,3 +30,29 @@ def test_a_run_with_a_timeline_writes_each_phase_of_each_test_once(tmp_path: Pat
     table = subprocess.run([sys.executable, str(REPO / "bench" / "make_test_timeline.py"), "workers", str(timeline)],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "| gw0 | beside the lab | 0 |" in table.stdout and "| 3 |" in table.stdout
+
+
+def test_the_runs_table_reads_wall_pytest_and_the_cpu_speed_from_ci_logs(tmp_path: Path) -> None:
+    """One row per `.ci/run` log; the fixed loop's CPU-s (the speed of the CPU the run got) where the log
+    has them, "-" in a log from before .ci/run printed them, "failed" where no wall time was printed."""
+    (tmp_path / "run30.log").write_text(
+        "ci: 2 CPUs, load average 0.32 2.11 2.63 at the start; a fixed loop took 0.84 CPU-s\n"
+        "============ 3527 passed, 9 skipped in 842.21s (0:14:02) ============\n"
+        "ci: passed in 15 min 6 s from an empty cache (load average 2.54 3.17 3.16 at the end; "
+        "the fixed loop took 0.52 CPU-s)\n")
+    (tmp_path / "run28.log").write_text(
+        "ci: 2 CPUs, load average 1.35 2.02 2.76 at the start\n"
+        "============ 3528 passed, 9 skipped in 931.40s (0:15:31) ============\n"
+        "ci: passed in 17 min 6 s from an empty cache (load average 3.0 3.1 3.2 at the end)\n")
+    (tmp_path / "run27.log").write_text(
+        "ci: 2 CPUs, load average 1.0 1.0 1.0 at the start; a fixed loop took 0.61 CPU-s\n"
+        "============ 1 failed, 3526 passed, 9 skipped in 909.10s (0:15:09) ============\n")
+    table = subprocess.run([sys.executable, str(REPO / "bench" / "make_test_timeline.py"), "runs",
+                            *(str(tmp_path / f"run{n}.log") for n in (27, 28, 30))],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[2:] == [
+        "| run27 | failed | 15 min 9 s | 1 failed, 3526 passed, 9 skipped | 0.61 |",
+        "| run28 | 17 min 6 s | 15 min 31 s | 3528 passed, 9 skipped | - |",
+        "| run30 | 15 min 6 s | 14 min 2 s | 3527 passed, 9 skipped | 0.84 / 0.52 |",
+    ]
