@@ -41,7 +41,7 @@ IMPORT_CHECK = ("from sglang.srt.server_args import prepare_server_args; "
                 "from sglang.srt.speculative.spec_registry import CustomSpecAlgo; "
                 "from sglang.srt.plugins import load_plugins; print('sglang-import-ok')")
 # The venv is installed with --no-compile (pip byte-compiles all ~12,000 modules, torch's and sympy's
-# included, of which a lab host imports ~1,300) and then compiled by importing what the hosts import:
+# included) and then compiled by importing what the hosts import (~2,800 modules, torch's share included):
 # the stand-in's SGLang path above and what the ddtree plugin reaches in SGLang when a host serves it.
 # A module left out is compiled by each host into its own overlay at each boot, so the list is checked:
 # tests/lab/test_lab_ddtree.py finds no bytecode a host wrote into the shared venv. Each import may
