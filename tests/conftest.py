@@ -94,9 +94,8 @@ def fixed_control_host(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 # of another that holds one of its hosts. Files go to the lab groups so that what one runs on ct200 meets
 # what another runs on ct129, in this order; the third runs the multi-GPU and fleet tests on the extra
 # hosts (ct130 to ct203, which no other group touches) first, then a few of ct129 and ct200, and ends
-# with the lab's own lifecycle (the lab hosts' own tests moved to the first group: in runs 29-31 the
-# third group ended 20-40 s after the others). A lab file
-# not named here runs last in the first group.
+# with the lab's own lifecycle. The lab hosts' own tests end the first group (in the third, in runs 29-31,
+# it ended 20-40 s after the others). A lab file not named here runs last in the first group.
 LAB_ORDER: dict[str, list[str]] = {
     "lab-a": ["tests/deploy/test_contract_lab.py", "tests/deploy/test_promote_lab.py",
               "tests/lab/test_standin_lab_tree.py", "tests/lab/test_lab_faults.py", "tests/lab/test_lab_hosts.py"],
