@@ -5,8 +5,8 @@
         fixed loop took at its start and end (the speed of the CPU the run got; logs before run 30 lack it)
     python bench/make_test_timeline.py workers bench/results/make_test/<run>.timeline.jsonl
         one row per pytest-xdist worker and one per lab file: when it started and ended (seconds from the
-        first test), and how long its tests held the worker (setup + call + teardown; a setup includes the
-        wait for the lab hosts it holds)
+        first test), how long its tests held the worker (setup + call + teardown), and how much of that its
+        lab tests spent waiting for the lab hosts they hold (timelines from run 37 on record it)
 
     python bench/make_test_timeline.py cpu bench/results/make_test/<run>.cpu.json.gz
         CPU seconds by kind of process over the run, from bench/make_test_cpu.py's samples
@@ -52,20 +52,26 @@ def workers(timeline: Path) -> list[str]:
     t0 = min(r["start"] for r in rows)
     span: dict[tuple[str, str], list[float]] = {}
     busy: collections.Counter[tuple[str, str]] = collections.Counter()
+    waited: collections.Counter[tuple[str, str]] = collections.Counter()
     tests: collections.Counter[tuple[str, str]] = collections.Counter()
     for r in rows:
         group = r["id"].rsplit("@", 1)[1] if "@lab-" in r["id"] else "beside the lab"
         for key in ((r["w"], group), (r["w"], r["id"].split("::", 1)[0]) if "@lab-" in r["id"] else None):
             if key is None:
                 continue
+            if r["when"] == "hostwait":  # a part of the test's setup, already counted in it
+                waited[key] += r["stop"] - r["start"]
+                continue
             s = span.setdefault(key, [r["start"], r["stop"]])
             s[0], s[1] = min(s[0], r["start"]), max(s[1], r["stop"])
             busy[key] += r["stop"] - r["start"]
             tests[key] += r["when"] == "call"
-    out = ["| worker | group or lab file | from (s) | to (s) | busy (s) | tests |", "|---|---|---|---|---|---|"]
+    out = ["| worker | group or lab file | from (s) | to (s) | busy (s) | of which waiting for hosts (s) | tests |",
+           "|---|---|---|---|---|---|---|"]
     for key, (a, b) in sorted(span.items(), key=lambda kv: (kv[0][0], not kv[0][1].startswith(("lab-", "beside")),
                                                              kv[1][0])):
-        out.append(f"| {key[0]} | {key[1]} | {a - t0:.0f} | {b - t0:.0f} | {busy[key]:.0f} | {tests[key]} |")
+        out.append(f"| {key[0]} | {key[1]} | {a - t0:.0f} | {b - t0:.0f} | {busy[key]:.0f} | "
+                   f"{f'{waited[key]:.0f}' if key in waited else '-'} | {tests[key]} |")
     out.append(f"\nfirst test to last: {max(r['stop'] for r in rows) - t0:.0f} s")
     return out
 

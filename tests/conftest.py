@@ -146,10 +146,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _timeline_line(report.nodeid, report.when, report.start, report.stop, report.outcome)
+
+
+def _timeline_line(nodeid: str, when: str, start: float, stop: float, outcome: str) -> None:
     if _TIMELINE:
         path, worker = _TIMELINE
-        line = json.dumps({"w": worker, "id": report.nodeid, "when": report.when,
-                           "start": report.start, "stop": report.stop, "outcome": report.outcome})
+        line = json.dumps({"w": worker, "id": nodeid, "when": when, "start": start, "stop": stop, "outcome": outcome})
         with open(path, "a") as fh:  # one short append per line: the workers' lines do not interleave
             fh.write(line + "\n")
 
@@ -223,7 +226,10 @@ def lab_hosts_held(request: pytest.FixtureRequest) -> Iterator[None]:
             yield
         return
     _LAB_TESTS.running()
+    start = time.time()
     with labkit.hosts_held(labkit.lab_hosts_of(request.node)):
+        # inside its setup: how long the test waited for another worker's test on its hosts
+        _timeline_line(request.node.nodeid, "hostwait", start, time.time(), "passed")
         yield
 
 

@@ -56,3 +56,20 @@ def test_the_runs_table_reads_wall_pytest_and_the_cpu_speed_from_ci_logs(tmp_pat
         "| run28 | 17 min 6 s | 15 min 31 s | 3528 passed, 9 skipped | - |",
         "| run30 | 15 min 6 s | 14 min 2 s | 3527 passed, 9 skipped | 0.84 / 0.52 |",
     ]
+
+
+def test_a_lab_tests_wait_for_its_hosts_is_shown_apart_and_not_counted_twice(tmp_path: Path) -> None:
+    """conftest's `lab_hosts_held` writes a "hostwait" line inside the test's setup: the table shows it in its
+    own column, and the setup alone counts in the worker's busy time."""
+    lab = "tests/deploy/test_deploy_lab.py::test_x@lab-b"
+    rows = [{"w": "gw0", "id": lab, "when": "setup", "start": 100.0, "stop": 130.0, "outcome": "passed"},
+            {"w": "gw0", "id": lab, "when": "hostwait", "start": 100.0, "stop": 125.0, "outcome": "passed"},
+            {"w": "gw0", "id": lab, "when": "call", "start": 130.0, "stop": 140.0, "outcome": "passed"},
+            {"w": "gw0", "id": lab, "when": "teardown", "start": 140.0, "stop": 142.0, "outcome": "passed"}]
+    timeline = tmp_path / "t.jsonl"
+    timeline.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = subprocess.run([sys.executable, str(REPO / "bench" / "make_test_timeline.py"), "workers", str(timeline)],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert "| gw0 | lab-b | 0 | 42 | 42 | 25 | 1 |" in table.stdout
+    assert "| gw0 | tests/deploy/test_deploy_lab.py | 0 | 42 | 42 | 25 | 1 |" in table.stdout
