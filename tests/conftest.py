@@ -22,10 +22,11 @@ tool in this process one control-host name (a lock taken "on ops1" was judged by
 ops1). The pins are in tests/hermetic.py;
 tests/unit/test_hermetic.py holds each one.
 
-`make test` runs the suite in four pytest-xdist workers: the lab tests in three groups (three workers
-drive the lab at once, each test holding the lab hosts it touches, `hosts` mark), every other file a
-group of its own (a module's fixtures are built once), the lab groups first so the fourth worker runs
-everything else beside them (and the lab workers too, once their groups are done).
+`make test` runs the suite in four pytest-xdist workers: the lab tests in three groups, by the hosts they
+hold (ct129's, ct200's, the grown hosts': `labkit.lab_group`; each test holds the lab hosts it touches,
+`hosts` mark), every other file a group of its own (a module's fixtures are built once), the lab groups
+first so the fourth worker runs everything else beside them (and the lab workers too, once their groups
+are done).
 """
 
 from __future__ import annotations
@@ -89,32 +90,15 @@ def fixed_control_host(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 
 # --------------------------------------------------------------------------- scheduling (pytest-xdist)
 
-# The lab tests mostly wait on processes in the lab hosts, so three workers drive the lab at once, each
-# test holding the hosts it touches (`lab_hosts_held`): a lab test of one worker waits only for a test
-# of another that holds one of its hosts. Files go to the lab groups so that what one runs on ct200 meets
-# what another runs on ct129, in this order; the third runs the multi-GPU and fleet tests on the extra
-# hosts (ct130 to ct203, which no other group touches) first, then a few of ct129 and ct200, and ends
-# with the lab's own lifecycle. The lab hosts' own tests end the first group (in the third, in runs 29-31,
-# it ended 20-40 s after the others). A lab file not named here runs last in the first group.
-LAB_ORDER: dict[str, list[str]] = {
-    "lab-a": ["tests/deploy/test_contract_lab.py", "tests/deploy/test_promote_lab.py",
-              "tests/lab/test_standin_lab_tree.py", "tests/lab/test_lab_faults.py", "tests/lab/test_lab_hosts.py"],
-    "lab-b": ["tests/deploy/test_deploy_lab.py", "tests/diagnose/test_diagnose_lab.py", "tests/lab/test_lab_ddtree.py"],
-    "lab-c": ["tests/lab/test_multigpu_lab.py", "tests/fleet/test_fleet_lab.py", "tests/lab/test_profile_init_lab.py",
-              "tests/smoke/test_smoke_lab.py", "tests/lab/test_zz_lifecycle.py"],
-}
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The lab tests in their xdist groups, in LAB_ORDER, ahead of the rest; every other test in the
-    group of its file. Runs before xdist reads the groups (it does so in its own hook, later)."""
-    where = {f: (g, i) for g, files in LAB_ORDER.items() for i, f in enumerate(files)}
+    """The lab tests ahead of the rest, each in the xdist group of the hosts it holds (`labkit.lab_group`); every
+    other test in the group of its file. Runs before xdist reads the groups (it does so in its own hook, later)."""
     lab = [i for i in items if i.get_closest_marker("lab") is not None]
     rest = [i for i in items if i.get_closest_marker("lab") is None]
-    first = next(iter(LAB_ORDER))
-    place = {id(i): where.get(i.nodeid.split("::", 1)[0], (first, len(where))) for i in lab}
-    lab.sort(key=lambda i: (list(LAB_ORDER).index(place[id(i)][0]), place[id(i)][1]))  # stable: file order kept
+    place = {id(i): labkit.lab_group(labkit.lab_hosts_of(i), i.get_closest_marker("whole_lab") is not None)
+             for i in lab}
+    lab.sort(key=lambda i: (labkit.LAB_GROUPS.index(place[id(i)][0]), place[id(i)][1]))  # stable: file order kept
     for item in lab:
         item.add_marker(pytest.mark.xdist_group(place[id(item)][0]))
     for item in rest:

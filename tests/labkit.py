@@ -214,6 +214,32 @@ def lab_hosts_of(item: Any) -> tuple[str, ...]:
     return tuple(mark.args) if mark is not None else HOSTS
 
 
+# The lab tests' pytest-xdist groups follow the hosts the tests hold. A host runs one test at a time
+# (`hosts_held`), and ct129 and ct200 each carry about 720 s of tests in a run, the grown hosts (ct130 to ct203:
+# the fleet's, the multi-GPU ones) about 550 s (run 37's timeline, waits left out). Grouped by file, the worker
+# whose files were all on ct129 waited 304 s of its 812 for the other workers' tests there. So one worker runs
+# ct129's tests, one ct200's, and one those on the grown hosts or on none. A test on both ct129 and ct200 needs
+# both workers' host: those come after ct129's own, when ct200's group (about 590 s against ct129's 600) is
+# done or nearly, so neither waits long for the other; the whole-lab test (it waits for every other worker's
+# lab tests) ends ct129's group, the longest.
+LAB_GROUPS = ("lab-ct129", "lab-ct200", "lab-grown")
+
+
+def lab_group(hosts: Sequence[str], whole_lab: bool = False) -> tuple[str, int]:
+    """(xdist group, rank in it) of a lab test that holds `hosts`: a group of LAB_GROUPS; in a group, lower
+    ranks run first, and tests of one rank keep the order pytest collected them in."""
+    held = set(hosts)
+    if whole_lab:
+        return "lab-ct129", 2
+    if held == {"ct129"}:
+        return "lab-ct129", 0
+    if held == {"ct129", "ct200"}:
+        return "lab-ct129", 1
+    if held == {"ct200"}:
+        return "lab-ct200", 1
+    return "lab-grown", 1
+
+
 def one_host(name: str) -> Any:
     """A parameter naming the one lab host its test touches, which that test holds (and no other)."""
     import pytest

@@ -1,7 +1,7 @@
 """Each injected fault, on a real systemd unit over SSH: the log lines SGLang would print, the exit
 status systemd records, restarts. Every test leaves its host healthy on NEXTN again. The faults are
-the same on either host; all but the stray run on ct200, which the suite's other workers use less
-than ct129 (tests/conftest.py's LAB_ORDER), and the stray on ct129, whose 48 GB card it fills."""
+the same on either host; all but the stray run on ct200, whose worker has fewer tests than ct129's
+(tests/labkit.py's `lab_group`), and the stray on ct129, whose 48 GB card it fills."""
 
 from __future__ import annotations
 

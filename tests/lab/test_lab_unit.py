@@ -198,6 +198,20 @@ def test_a_held_host_waits_for_its_holder_and_other_hosts_do_not(tmp_path: Path)
     assert events == ["ct130 got it", "ct129 got it"]
 
 
+def test_the_lab_groups_follow_the_hosts_their_tests_hold() -> None:
+    """One worker per busy host, so no worker waits for another's tests on a host it alone uses: ct129's
+    tests in one group, ct200's in another; those on both after ct129's own (by then ct200's worker is done
+    or nearly, so the two meet once, not every time one test meets the other); the grown hosts' and the
+    host-less in a third; the whole-lab test last in ct129's."""
+    from labkit import LAB_GROUPS, lab_group
+
+    assert [lab_group(h) for h in (["ct129"], ["ct200"], ["ct200", "ct129"])] == [
+        ("lab-ct129", 0), ("lab-ct200", 1), ("lab-ct129", 1)]
+    assert lab_group(["ct201", "ct202"]) == lab_group(["ct130", "ct201", "ct131"]) == lab_group([]) == ("lab-grown", 1)
+    assert lab_group(["ct129", "ct200", "ct130"], whole_lab=True) == ("lab-ct129", 2)
+    assert LAB_GROUPS[0] == "lab-ct129"  # the longest group is handed out first
+
+
 def test_a_whole_lab_test_waits_until_no_other_process_has_lab_tests_left(tmp_path: Path) -> None:
     """The lifecycle test took the lab down while two other workers still had lab tests to run (a CI
     run of 2026-12-05): it waits now for every other holder's lab tests to run out, its own let go."""

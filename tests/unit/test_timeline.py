@@ -61,7 +61,7 @@ def test_the_runs_table_reads_wall_pytest_and_the_cpu_speed_from_ci_logs(tmp_pat
 def test_a_lab_tests_wait_for_its_hosts_is_shown_apart_and_not_counted_twice(tmp_path: Path) -> None:
     """conftest's `lab_hosts_held` writes a "hostwait" line inside the test's setup: the table shows it in its
     own column, and the setup alone counts in the worker's busy time."""
-    lab = "tests/deploy/test_deploy_lab.py::test_x@lab-b"
+    lab = "tests/deploy/test_deploy_lab.py::test_x@lab-ct129"
     rows = [{"w": "gw0", "id": lab, "when": "setup", "start": 100.0, "stop": 130.0, "outcome": "passed"},
             {"w": "gw0", "id": lab, "when": "hostwait", "start": 100.0, "stop": 125.0, "outcome": "passed"},
             {"w": "gw0", "id": lab, "when": "call", "start": 130.0, "stop": 140.0, "outcome": "passed"},
@@ -71,5 +71,5 @@ def test_a_lab_tests_wait_for_its_hosts_is_shown_apart_and_not_counted_twice(tmp
     table = subprocess.run([sys.executable, str(REPO / "bench" / "make_test_timeline.py"), "workers", str(timeline)],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
-    assert "| gw0 | lab-b | 0 | 42 | 42 | 25 | 1 |" in table.stdout
+    assert "| gw0 | lab-ct129 | 0 | 42 | 42 | 25 | 1 |" in table.stdout
     assert "| gw0 | tests/deploy/test_deploy_lab.py | 0 | 42 | 42 | 25 | 1 |" in table.stdout
