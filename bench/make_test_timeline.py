@@ -10,6 +10,8 @@
 
     python bench/make_test_timeline.py cpu bench/results/make_test/<run>.cpu.json.gz
         CPU seconds by kind of process over the run, from bench/make_test_cpu.py's samples
+    python bench/make_test_timeline.py load bench/results/make_test/<run>.vm.txt.gz
+        how many of the CPUs were busy, minute by minute, from bench/make_test_load.sh's samples
 
 A timeline is what `make test PYTEST_ARGS=--timeline=PATH` writes (tests/conftest.py): one JSON line per
 test phase, from the worker that ran it.
@@ -119,16 +121,39 @@ def cpu(path: Path) -> list[str]:
     return out
 
 
+TICK = 100  # /proc/stat and /proc/PID/stat count 1/100 s (getconf CLK_TCK)
+
+
+def load(path: Path) -> list[str]:
+    """bench/make_test_load.sh's samples: the CPUs busy, minute by minute, and what the VM's own processes took."""
+    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    rows = [[float(x) for x in line.split()] for line in text.splitlines() if len(line.split()) == 5]
+    if len(rows) < 2:
+        return ["fewer than two samples"]
+    t0 = rows[0][0]
+    minutes: dict[int, list[float]] = {}
+    for a, b in zip(rows, rows[1:]):
+        minutes.setdefault(int((a[0] - t0) // 60), []).append((b[1] - a[1]) / TICK / (b[0] - a[0]))
+    first, last = rows[0], rows[-1]
+    span = last[0] - first[0]
+    busy = (last[1] - first[1]) / TICK
+    out = ["| minute | CPUs busy (mean of its 5 s samples) |", "|---|---|"]
+    out += [f"| {m} | {sum(v) / len(v):.2f} |" for m, v in sorted(minutes.items())]
+    out.append(f"\n{span:.0f} s sampled: {busy:.0f} CPU-s busy ({busy / span:.2f} CPUs on average); PID 1 (the VM's "
+               f"process_api) {(last[2] - first[2]) / TICK:.1f} CPU-s, kdamond {(last[3] - first[3]) / TICK:.1f} CPU-s")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("runs", "workers", "cpu"))
+    ap.add_argument("what", choices=("runs", "workers", "cpu", "load"))
     ap.add_argument("files", nargs="+", type=Path)
     args = ap.parse_args(argv)
     if args.what == "runs":
         print("\n".join(runs(args.files)))
-    elif args.what == "cpu":
+    elif args.what in ("cpu", "load"):
         for f in args.files:
-            print(f"{f.name}\n" + "\n".join(cpu(f)) + "\n")
+            print(f"{f.name}\n" + "\n".join(cpu(f) if args.what == "cpu" else load(f)) + "\n")
     else:
         for f in args.files:
             print(f"{f.name}\n" + "\n".join(workers(f)) + "\n")

@@ -73,3 +73,20 @@ def test_a_lab_tests_wait_for_its_hosts_is_shown_apart_and_not_counted_twice(tmp
     assert table.returncode == 0, table.stderr
     assert "| gw0 | lab-ct129 | 0 | 42 | 42 | 25 | 1 |" in table.stdout
     assert "| gw0 | tests/deploy/test_deploy_lab.py | 0 | 42 | 42 | 25 | 1 |" in table.stdout
+
+
+def test_the_load_table_reads_the_machines_busy_cpus_and_the_vms_own_processes(tmp_path: Path) -> None:
+    """bench/make_test_load.sh's lines (uptime, busy ticks, PID 1's ticks, kdamond's, processes): the CPUs
+    busy per minute are tick deltas over time deltas; the VM's own processes' CPU-s are their deltas."""
+    busy, lines = 100_000, []
+    for i in range(25):  # 5 s apart: both CPUs busy in minute 0 (1000 ticks per 5 s), one in minute 1
+        lines.append(f"{1000 + 5 * i} {busy} {50 + i} {70 + 2 * i} 80")
+        busy += 1000 if i < 12 else 500
+    path = tmp_path / "run99.vm.txt"
+    path.write_text("\n".join(lines) + "\n")
+    table = subprocess.run([sys.executable, str(REPO / "bench" / "make_test_timeline.py"), "load", str(path)],
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    assert "| 0 | 2.00 |" in table.stdout and "| 1 | 1.00 |" in table.stdout
+    assert "120 s sampled: 180 CPU-s busy (1.50 CPUs on average); PID 1 (the VM's process_api) 0.2 CPU-s, " \
+           "kdamond 0.5 CPU-s" in table.stdout
