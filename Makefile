@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml requirements-sglang-cpu.txt scripts/install.sh | sha256sum | cut -c1-12)
 # four pytest-xdist workers: the lab tests (mostly waiting on real systemd) in three, each test holding the
-# lab hosts it touches, and every other test file beside them; tests/conftest.py makes the groups
+# lab hosts it touches, and every other test file beside them; tests/conftest.py makes the groups (the lab's
+# by the hosts their tests hold: tests/labkit.py's lab_group)
 WORKERS ?= 4
 XDIST := -n $(WORKERS) --dist loadgroup --no-loadscope-reorder
 

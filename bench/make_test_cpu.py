@@ -7,7 +7,10 @@ Each process is kept once (by pid and start time) with its command line, its cgr
 processes are under /ddtree-lab-HOST) and the user+system CPU it had used when last seen. A process that
 lives under 0.2 s may be missed, or counted short: the table's figures are lower bounds, and the many tiny
 processes a gate's watcher starts (systemctl, journalctl, sleep) show mostly in the lab host's cgroup total,
-which `bench/make_test_timeline.py` does not read. The sampler itself costs a few percent of one CPU.
+which `bench/make_test_timeline.py` does not read. The sampler itself costs a few percent of one CPU, and the
+VM's own processes (process_api, kdamond) took about a sixth of the machine in the runs it sampled (25, 29)
+against about 1% in runs sampled only by bench/make_test_load.sh (36 to 39): its /proc reads are the likely
+cause. For how busy the machine is, use that one.
 """
 
 from __future__ import annotations
