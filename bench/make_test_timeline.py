@@ -42,7 +42,7 @@ def runs(logs: list[Path]) -> list[str]:
         pytest_s = float(summary.group(2)) if summary else None
         loops = [m.group(1) for line in text if line.startswith("ci: ") for m in LOOP.finditer(line)]
         out.append(f"| {log.stem} | {f'{int(wall.group(1))} min {int(wall.group(2))} s' if wall else 'failed'} | "
-                   f"{f'{pytest_s // 60:.0f} min {pytest_s % 60:.0f} s' if pytest_s else '-'} | "
+                   f"{f'{round(pytest_s) // 60} min {round(pytest_s) % 60} s' if pytest_s else '-'} | "
                    f"{summary.group(1) if summary else '-'} | {' / '.join(loops) or '-'} |")
     return out
 

@@ -44,17 +44,23 @@ def test_the_runs_table_reads_wall_pytest_and_the_cpu_speed_from_ci_logs(tmp_pat
         "ci: 2 CPUs, load average 1.35 2.02 2.76 at the start\n"
         "============ 3528 passed, 9 skipped in 931.40s (0:15:31) ============\n"
         "ci: passed in 17 min 6 s from an empty cache (load average 3.0 3.1 3.2 at the end)\n")
+    (tmp_path / "run41.log").write_text(  # 779.80 s: 13 min 0 s, not "12 min 60 s"
+        "ci: 2 CPUs, load average 0.63 3.06 3.71 at the start; a fixed loop took 0.57 CPU-s\n"
+        "================= 3531 passed, 9 skipped in 779.80s (0:12:59) ==================\n"
+        "ci: passed in 14 min 13 s from an empty cache (load average 3.70 4.28 4.12 at the end; "
+        "the fixed loop took 0.54 CPU-s)\n")
     (tmp_path / "run27.log").write_text(
         "ci: 2 CPUs, load average 1.0 1.0 1.0 at the start; a fixed loop took 0.61 CPU-s\n"
         "============ 1 failed, 3526 passed, 9 skipped in 909.10s (0:15:09) ============\n")
     table = subprocess.run([sys.executable, str(REPO / "bench" / "make_test_timeline.py"), "runs",
-                            *(str(tmp_path / f"run{n}.log") for n in (27, 28, 30))],
+                            *(str(tmp_path / f"run{n}.log") for n in (27, 28, 30, 41))],
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     assert table.stdout.splitlines()[2:] == [
         "| run27 | failed | 15 min 9 s | 1 failed, 3526 passed, 9 skipped | 0.61 |",
         "| run28 | 17 min 6 s | 15 min 31 s | 3528 passed, 9 skipped | - |",
         "| run30 | 15 min 6 s | 14 min 2 s | 3527 passed, 9 skipped | 0.84 / 0.52 |",
+        "| run41 | 14 min 13 s | 13 min 0 s | 3531 passed, 9 skipped | 0.57 / 0.54 |",
     ]
 
 
