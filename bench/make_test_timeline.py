@@ -47,8 +47,13 @@ def runs(logs: list[Path]) -> list[str]:
     return out
 
 
+def read(path: Path) -> str:
+    """A result file's text, gzipped (as committed) or not (as a run leaves it)."""
+    return gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+
+
 def workers(timeline: Path) -> list[str]:
-    text = gzip.decompress(timeline.read_bytes()).decode() if timeline.suffix == ".gz" else timeline.read_text()
+    text = read(timeline)
     rows = [json.loads(line) for line in text.splitlines() if line.strip()]
     rows = [r for r in rows if r["w"]]  # a controller's copy of a report carries no worker
     t0 = min(r["start"] for r in rows)
@@ -105,8 +110,7 @@ def kind(p: dict[str, Any]) -> str:
 
 
 def cpu(path: Path) -> list[str]:
-    data = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    procs = json.loads(data)
+    procs = json.loads(read(path))
     seconds: collections.Counter[str] = collections.Counter()
     count: collections.Counter[str] = collections.Counter()
     for p in procs:
@@ -126,7 +130,7 @@ TICK = 100  # /proc/stat and /proc/PID/stat count 1/100 s (getconf CLK_TCK)
 
 def load(path: Path) -> list[str]:
     """bench/make_test_load.sh's samples: the CPUs busy, minute by minute, and what the VM's own processes took."""
-    text = gzip.decompress(path.read_bytes()).decode() if path.suffix == ".gz" else path.read_text()
+    text = read(path)
     rows = [[float(x) for x in line.split()] for line in text.splitlines() if len(line.split()) == 5]
     if len(rows) < 2:
         return ["fewer than two samples"]
@@ -149,14 +153,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("what", choices=("runs", "workers", "cpu", "load"))
     ap.add_argument("files", nargs="+", type=Path)
     args = ap.parse_args(argv)
-    if args.what == "runs":
+    if args.what == "runs":  # one table of every log
         print("\n".join(runs(args.files)))
-    elif args.what in ("cpu", "load"):
+    else:  # one table per file
+        table = {"workers": workers, "cpu": cpu, "load": load}[args.what]
         for f in args.files:
-            print(f"{f.name}\n" + "\n".join(cpu(f) if args.what == "cpu" else load(f)) + "\n")
-    else:
-        for f in args.files:
-            print(f"{f.name}\n" + "\n".join(workers(f)) + "\n")
+            print(f"{f.name}\n" + "\n".join(table(f)) + "\n")
     return 0
 
 
