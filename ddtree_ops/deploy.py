@@ -41,7 +41,8 @@ from ddtree_ops.releases import Change, Layout, State, Step, StoredRelease
 from ddtree_ops.render import Rendered, render
 from ddtree_ops.status import DeployExit
 from ddtree_ops.transaction import (STOPPED, Outcome, degrade, env_path_of, gate_progress, healthy_now, install_plugin,
-                                    make_diff, reconnect, refusal, settle_rollback, stage_files, unit_path_of)
+                                    make_diff, read_again_after_a_drop, reconnect, refusal, settle_rollback,
+                                    stage_files, unit_path_of)
 from ddtree_ops.wheel import build
 
 __all__ = ["STOPPED", "Outcome", "Restarted", "deploy", "rollback", "needs_rollback", "install", "rollback_to",
@@ -259,7 +260,7 @@ def deploy(host: Host, p: Profile, mode: str | None = None, *, dry_run: bool = F
         return state, pf, same
 
     if dry_run:
-        _, pf, _ = decide()
+        _, pf, _ = read_again_after_a_drop(decide, host)
         out.exit_code = DeployExit.OK if pf.ok else DeployExit.REFUSED
         out.result = "dry-run" if pf.ok else "refused"
         out.reason = "dry run: nothing changed" if pf.ok else "preflight: " + "; ".join(c.detail for c in pf.failed)
@@ -267,7 +268,7 @@ def deploy(host: Host, p: Profile, mode: str | None = None, *, dry_run: bool = F
 
     with lock.held(host, layout, command=f"deploy {p.name} --mode {mode}", release=rendered.release_id,
                    wait_s=lock_wait_s):
-        state, pf, same = decide()
+        state, pf, same = read_again_after_a_drop(decide, host)
         if pf.failed:
             out.reason = "preflight refused the deploy: " + "; ".join(f"{c.name}: {c.detail}" for c in pf.failed)
             return finish()

@@ -36,13 +36,13 @@ from ddtree_ops.fleet_plan import (DEGRADED, DRY_RUN, FAILED, HELD, NO_CHANGE, O
                                    SERVING_NEW, SKIPPED, Rollout, Size, exit_code, parse_batch, parse_budget,
                                    plan_waves)
 from ddtree_ops.host import Host
-from ddtree_ops.lock import read_lock
+from ddtree_ops.lock import LockInfo, read_lock
 from ddtree_ops.preflight import Preflight, run_preflight
 from ddtree_ops.profile import Profile
 from ddtree_ops.releases import Layout
 from ddtree_ops.render import render
 from ddtree_ops.status import DeployExit
-from ddtree_ops.transaction import STOPPED, Outcome
+from ddtree_ops.transaction import STOPPED, Outcome, read_again_after_a_drop
 
 __all__ = ["Size", "Rollout", "parse_batch", "parse_budget", "plan_waves", "exit_code", "Target", "Checked",
            "HostResult", "FleetOutcome", "Options", "deploy_fleet", "check_one", "across", "summary_lines", "causes",
@@ -192,9 +192,11 @@ def check_one(t: Target, connect: Connect) -> Checked:
     layout = Layout.for_service(p.service.state_dir, p.service.unit)
     plugin = transaction.plugin_for(mode)
     with connect(p) as h:
-        held = read_lock(h, layout)
-        state = releases.read_state(h, layout)
-        pf = run_preflight(h, p, mode, rendered, layout, plugin.version if plugin else "")
+        def read() -> tuple[LockInfo | None, releases.State, Preflight]:
+            return (read_lock(h, layout), releases.read_state(h, layout),
+                    run_preflight(h, p, mode, rendered, layout, plugin.version if plugin else ""))
+
+        held, state, pf = read_again_after_a_drop(read, h)
     kg = state.target(p)
     c = Checked(t.name, True, current=state.current, known_good=kg.release_id if kg else None, pending=state.pending,
                 preflight=pf, seconds=time.monotonic() - t0)

@@ -47,6 +47,8 @@ ENV_SSH_CONFIG = "DDTREE_OPS_SSH_CONFIG"
 # last-resort handler; the tool reports those itself (HttpUnavailable), so keep them quiet
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 SUDO_PASSWORD_HINTS = ("a password is required", "a terminal is required", "no tty present")
+# stderr's last line when a command ended without an exit status (its rc is then -1)
+NO_EXIT_STATUS = "ddtree-ops: the command ended without an exit status (killed by a signal, or sshd closed its session)\n"
 
 
 @dataclass(frozen=True)
@@ -269,6 +271,12 @@ class SSHHost:
             raise RemoteTimeout(f"{self.name}: command timed out after {timeout:g}s: {command[:120]}") from None
         finally:
             chan.close()
+        if rc == -1:  # paramiko's "no exit status came": the channel closed without one
+            if not chan.get_transport().is_active():
+                # the connection dropped mid-command: its output, empty or cut short, is no answer
+                raise HostUnreachable(f"{self.name}: SSH connection lost while running {command[:80]}")
+            # sshd reports a command killed by a signal as exit-signal, which paramiko does not read
+            err += (b"\n" if err and not err.endswith(b"\n") else b"") + NO_EXIT_STATUS.encode()
         return rc, bytes(out), bytes(err), time.monotonic() - t0
 
     def run(self, argv: Sequence[str], *, stdin: bytes | None = None, timeout: float = 60.0,

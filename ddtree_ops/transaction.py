@@ -5,7 +5,8 @@
                        change that writes them beside and renames them
     asking             `refusal`: no way to ask, not confirmed, or a fleet's stop
     the gate's lines   `gate_progress`: what an operator sees while a start is gated
-    after a failure    `reconnect` after a dropped connection, `settle_rollback`: exit 1 when the
+    after a failure    `reconnect` after a dropped connection (`read_again_after_a_drop` before any
+                       change), `settle_rollback`: exit 1 when the
                        rollback left the known-good release healthy, exit 2 when it did not
     the plugin         `install_plugin` into the host's SGLang venv
 
@@ -16,11 +17,11 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from ddtree_ops import gate as gating
 from ddtree_ops import output, remote
-from ddtree_ops.host import Host, HostError, HttpUnavailable
+from ddtree_ops.host import Host, HostError, HostUnreachable, HttpUnavailable
 from ddtree_ops.observe import unit_state
 from ddtree_ops.plan import Plan
 from ddtree_ops.preflight import Preflight
@@ -196,6 +197,22 @@ def reconnect(host: Host) -> bool:
     except HostError:
         return False
     return True
+
+
+T = TypeVar("T")
+
+
+def read_again_after_a_drop(read: Callable[[], T], host: Host) -> T:
+    """A read-only step (the state, the preflight) whose connection dropped: reconnect and read once
+    more. Nothing has changed on the host yet, so reading again is safe, and a host that dropped one
+    connection is not refused for it; a second drop, or a host that stays out of reach, is raised."""
+    try:
+        return read()
+    except HostUnreachable as exc:
+        if not reconnect(host):
+            raise
+        output.warn(f"{exc}; reconnected, reading the host again")
+        return read()
 
 
 def degrade(out: Outcome, why: str) -> None:

@@ -130,3 +130,25 @@ def test_unreachable_host_is_reported_not_raised_as_traceback(tmp_path: Path) ->
     cfg.write_text("Host nowhere\n  HostName 127.0.0.1\n  Port 1\n  ConnectTimeout 1\n")
     with pytest.raises(HostUnreachable, match="cannot connect"):
         connect(_profile("nowhere"), ssh_config=str(cfg))
+
+
+def test_a_connection_dropped_mid_command_is_unreachable_not_a_failed_command(sshd: Any, tmp_path: Path) -> None:
+    """The connection's sshd process dies while a command runs (the host rebooted, sshd was killed):
+    the command has no result, so the caller must not read its empty output as the host's answer
+    (a fleet preflight once refused a host for "no GPU visible" with empty probe output)."""
+    cfg = sshd.ssh_config(known_hosts=tmp_path / "kh")
+    with connect(_profile(), ssh_config=str(cfg)) as host:
+        # the command's parent is the connection's own sshd process: killing it drops the connection
+        with pytest.raises(HostUnreachable, match="SSH connection lost while running"):
+            host.run(["sh", "-c", "kill -9 $PPID; sleep 5"], timeout=30)
+
+
+def test_a_command_killed_by_a_signal_says_so(sshd: Any, tmp_path: Path) -> None:
+    """sshd reports a command killed by a signal with exit-signal, which paramiko does not read: the
+    result has no exit status (-1), and its stderr says why instead of being empty."""
+    cfg = sshd.ssh_config(known_hosts=tmp_path / "kh")
+    with connect(_profile(), ssh_config=str(cfg)) as host:
+        res = host.run(["sh", "-c", "echo partial; kill -9 $$"], timeout=30)
+        assert (res.rc, res.stdout) == (-1, "partial\n")
+        assert "ended without an exit status" in res.stderr
+        assert host.run(["true"]).ok        # the connection itself is fine

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ddtree_ops.host import HttpResponse, HttpUnavailable, Result
+from ddtree_ops.host import HostUnreachable, HttpResponse, HttpUnavailable, Result
 from ddtree_ops.profile import Profile
 from ddtree_ops.releases import APPLY
 from ddtree_ops.render import render
@@ -80,6 +80,8 @@ class FakeHost:
     plugin: str | None = None  # the ddtree plugin version installed in the service's Python
     tree_backends: dict[str, str] = field(default_factory=dict)  # entry points ddtree_ops.tree_verify
     metrics: Callable[[str], str | None] | None = None  # the serving mode -> its /metrics text
+    drops: list[str] = field(default_factory=list)  # the connection drops at the next command with each text
+    reconnects: int = 0  # the tool's reconnects after a dropped connection
 
     # ------------------------------------------------------------------ set-ups
 
@@ -110,6 +112,10 @@ class FakeHost:
     def run(self, argv: Any, *, stdin: bytes | None = None, timeout: float = 60.0, sudo: bool = False) -> Result:
         argv = [str(a) for a in argv]
         self.commands.append(argv[2][:60] if argv[:2] == ["sh", "-c"] else " ".join(argv))
+        for text in self.drops:
+            if any(text in a for a in argv):
+                self.drops.remove(text)
+                raise HostUnreachable(f"{self.name}: SSH connection lost while running {argv[0]}")
         out, rc = self._dispatch(argv, stdin or b"")
         return Result(tuple(argv), rc, out, "")
 
@@ -144,6 +150,9 @@ class FakeHost:
 
     def close(self) -> None:
         pass
+
+    def reconnect(self) -> None:
+        self.reconnects += 1
 
     def __enter__(self) -> FakeHost:
         return self

@@ -336,3 +336,26 @@ def test_older_records_are_read_as_attempts_and_written_with_the_first_change(
     assert [(a.action, a.release_id, a.outcome, a.migrated) for a in rec["attempts"]][:1] == [
         ("deploy", r.release_id, "passed", True)]
     assert host.text(f"{root}/known-good") == r.release_id + "\n"  # the old files stay as they were
+
+
+def test_a_connection_dropped_during_preflight_is_read_again_on_a_new_one(cli: Any, host: FakeHost) -> None:
+    """Nothing has changed when the connection drops while the host is read (its state, the preflight):
+    the tool reconnects and reads again, and the deploy goes on; it does not refuse the host for an answer
+    it never got (a lab fleet run refused a host for "no GPU visible" when the GPU probe's connection
+    dropped)."""
+    from ddtree_ops.gpu import PROBE
+
+    host.drops.append(PROBE)
+    rc, doc, err = deploy(cli, "ddtree-shadow")
+    assert (rc, doc["result"], host.reconnects) == (0, "ok", 1), err
+    assert "SSH connection lost while running" in err and "reconnected, reading the host again" in err
+
+
+def test_a_second_drop_while_reading_is_not_read_around(cli: Any, host: FakeHost) -> None:
+    """Reading again is once: a host whose connections keep dropping is refused (exit 3), unchanged."""
+    from ddtree_ops.gpu import PROBE
+
+    host.drops += [PROBE, PROBE]
+    rc, doc, err = deploy(cli, "ddtree-shadow")
+    assert (rc, host.reconnects, host.starts) == (3, 1, 1)     # refused before any change: the start it had
+    assert doc["error"] == "ct129: SSH connection lost while running sh"

@@ -317,3 +317,18 @@ def test_a_wave_off_a_terminal_says_where_each_running_host_is_every_interval(
     progress = [ln for ln in err.splitlines() if ln.strip().startswith("...")]
     assert progress, err
     assert all("a1: dflash" in ln and "b1: dflash" in ln and "of 900s" in ln for ln in progress[:1])
+
+
+def test_a_fleet_preflight_whose_connection_dropped_reads_the_host_again(tmp_path: Path) -> None:
+    """A fleet's preflight of one host, its connection dropped during the GPU probe: read again on a new
+    connection, not refused as "no GPU visible" (make test, a lab fleet run on 2026-12-06)."""
+    from fakehost import FakeHost, shipped_profiles
+
+    from ddtree_ops.gpu import PROBE
+    from ddtree_ops.render import render
+
+    p = load_profile("ct129", directory=shipped_profiles(tmp_path / "profiles", "ct129", ""))
+    host = FakeHost.serving(p, "nextn")
+    host.drops.append(PROBE)
+    c = fleet.check_one(fleet.Target("ct129", p, render(p, "nextn").release_id, "a6000", "nextn"), lambda _p: host)
+    assert (c.ok, c.reason, host.reconnects) == (True, "", 1)
