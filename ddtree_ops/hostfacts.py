@@ -16,13 +16,14 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from ddtree_ops import remote
 from ddtree_ops.draftcheck import CAPTURE_SCAN
 from ddtree_ops.gpu import PROBE, GpuSnapshot, parse_probe
 from ddtree_ops.host import Host
 from ddtree_ops.launchline import FlagSpec, environment, exec_start, is_launch_line
 
 # Run with an SGLang interpreter: its version, and its parser's flags (spellings, dest, nargs).
-SPEC = r'''
+SPEC = remote.QUIET_GC + r'''
 import argparse, json
 from importlib.metadata import version
 from sglang.srt.server_args import ServerArgs

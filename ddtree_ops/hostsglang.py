@@ -19,7 +19,7 @@ from ddtree_ops.render import Rendered
 
 # Runs in the host's SGLang venv: its real argument parser, its real plugin loader, and for a
 # DFlash-family algorithm its own model files (does the target's class capture hidden states?).
-SGLANG_CHECK = CAPTURE_SCAN + r'''
+SGLANG_CHECK = remote.QUIET_GC + CAPTURE_SCAN + r'''
 import contextlib, io, json, os, sys
 out = {}
 from importlib.metadata import version, PackageNotFoundError

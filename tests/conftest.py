@@ -32,6 +32,7 @@ are done).
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import shutil
@@ -62,6 +63,14 @@ def _session_home() -> str:
 
 pin_environment(os.environ, _session_home(), _carried())
 time.tzset()
+# Collecting imports every test module and makes an item per test, objects that live the whole session,
+# and Python's cyclic collector walked them again and again: paused until collection ends, which each
+# worker pays (bench/gc_pause_cpu.py, `collect`). The tests themselves run with it on.
+gc.disable()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gc.enable()
 
 
 @pytest.fixture(autouse=True)

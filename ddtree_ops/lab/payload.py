@@ -25,6 +25,12 @@ LAB_LIB = "/usr/lib/ddtree-lab"
 DRIVER_VERSION = "570.172.08"
 CUDA_VERSION = "12.8"
 _COMPUTE_CAP = {"sm_80": "8.0", "sm_86": "8.6", "sm_89": "8.9", "sm_90": "9.0", "sm_100": "10.0", "sm_120": "12.0"}
+# Run by site at every start of the lab venv's python: for the stand-in's command line only, the cyclic
+# garbage collector is off while `python -m sglang.launch_server` imports the sglang package (torch with
+# it), before the stand-in's own code runs; the stand-in turns it on again once the argv is parsed
+# (sglang_standin.server.collector_paused, which says why). Every other command keeps Python's default.
+GC_PTH_NAME = "ddtree_lab_standin_gc.pth"
+GC_PTH = 'import sys, gc; gc.disable() if "sglang.launch_server" in sys.orig_argv else None\n'
 STANDIN_FILES = ("__init__.py", "simgpu.py", "nvidia_smi.py", "memory.py", "behaviour.py", "textgen.py",
                  "sglog.py", "lines.py", "shadow.py", "http.py", "server.py", "scheduler.py", "startup.py",
                  "faults.py", "nodes.py", "serving.py", "hold.py", "squat.py", "ranks.py", "treesim.py",
@@ -65,6 +71,7 @@ def _copy_package(dest: Path) -> None:
 def install_shared(tree: Path) -> None:
     sp = site_packages(tree)
     _copy_package(sp / "sglang_standin")
+    (sp / GC_PTH_NAME).write_text(GC_PTH)
     dist = sp / STANDIN_DIST
     dist.mkdir(exist_ok=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang-standin\nVersion: 0.0.0\n"

@@ -132,6 +132,28 @@ def test_the_payload_carries_every_module_the_standin_imports() -> None:
     assert seen - set(payload.STANDIN_FILES) == set()
 
 
+def test_the_lab_venv_pauses_the_collector_for_the_standins_command_line_only(tmp_path: Path) -> None:
+    """The payload's .pth turns Python's cyclic collector off at interpreter start for `python -m
+    sglang.launch_server` (the stand-in's own code turns it on after the parse; the import of the sglang
+    package, which runs first, cost a sixth more CPU with it on), and for no other command."""
+    venv = tmp_path / "tree" / payload.VENV.lstrip("/")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    pkg = payload.site_packages(tmp_path / "tree") / "sglang"
+    pkg.mkdir()
+    (pkg / "launch_server.py").write_text("")
+    # sglang's package is imported before launch_server runs: it says what it found, and ends the process there
+    (pkg / "__init__.py").write_text('import gc, os\nprint("on" if gc.isenabled() else "off", flush=True)\nos._exit(0)\n')
+    (tmp_path / "tree" / "usr" / "bin").mkdir(parents=True)        # where the nvidia-smi stand-in goes
+    payload.install_shared(tmp_path / "tree")
+
+    def collector(*argv: str) -> str:
+        return subprocess.run([str(venv / "bin" / "python"), *argv], capture_output=True, text=True,
+                              timeout=60, check=True).stdout.strip()
+
+    assert collector("-m", "sglang.launch_server", "--model-path", "/models/x") == "off"
+    assert collector("-c", "import sglang") == collector("-m", "sglang") == "on"
+
+
 def test_extra_hosts_take_both_classes_in_turn_and_an_inventory_names_them(tmp_path: Path) -> None:
     from ddtree_ops.config.inventory import Inventory
 

@@ -393,3 +393,18 @@ def test_the_plugins_gauges_without_prometheus_client() -> None:
     assert "# TYPE ddtree_shadow_rounds gauge\nddtree_shadow_rounds 3.0\n" in text
     assert 'ddtree_shadow_sibling_hits{depth="2"} 1.0' in text
     assert "ddtree_shadow_tau_chain 2.3333333333333335" in text
+
+
+def test_the_collector_is_paused_for_the_import_and_parse_only() -> None:
+    """main() imports SGLang and parses the argv with the cyclic collector paused, and the server runs
+    with it on again: also when the parse ends the process (argparse's exit 2), whose interpreter still
+    shuts down as usual."""
+    import gc
+
+    from ddtree_ops.lab.standin.server import collector_paused
+
+    with pytest.raises(SystemExit):
+        with collector_paused():
+            assert not gc.isenabled()
+            raise SystemExit(2)
+    assert gc.isenabled()

@@ -52,6 +52,14 @@ def test_this_session_runs_pinned() -> None:
     assert Path(os.environ["DDTREE_LAB_HOME"]).is_absolute()
 
 
+def test_the_tests_run_with_the_collector_on() -> None:
+    """conftest pauses the cyclic collector while tests are collected (a CPU saving), and only then: a
+    test's own reference cycles are freed as they would be anywhere."""
+    import gc
+
+    assert gc.isenabled()
+
+
 def test_torch_runs_one_thread_here_and_in_the_processes_tests_start() -> None:
     """The CPU count pinned: whatever the machine has, torch's pool is one thread in a worker and in
     every child (the pair's training, `engine verify`, the stand-in servers)."""

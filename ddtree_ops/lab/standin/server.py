@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import io
 import json
 import os
@@ -88,16 +89,36 @@ def _kept_output() -> Iterator[io.StringIO]:
         kept.write(out.copy.getvalue() + err.copy.getvalue())
 
 
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while SGLang (and torch with it) is imported and the argv
+    parsed, then on again for the server's life.
+
+    The import makes hundreds of thousands of objects, none of them garbage, and the collector walked
+    them over and over: a sixth of the import's CPU (bench/gc_pause_cpu.py, `lab`). On a lab host
+    the import begins before this module runs (`python -m sglang.launch_server` imports the sglang
+    package first), so the lab venv turns the collector off at interpreter start for that command line
+    (the payload's GC_PTH), and this turns it on. Nothing is frozen: frozen objects outlive the
+    interpreter's last collection, and a nanobind extension then prints "leaked" lines at exit, into
+    the journal of a start that failed."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 def main(argv: list[str]) -> int:
-    import sglang  # noqa: F401  (so the warning names the real file)
+    with collector_paused():
+        import sglang  # noqa: F401  (so the warning names the real file)
 
-    _launcher_warning()
-    from sglang.srt.plugins import load_plugins
-    from sglang.srt.server_args import prepare_server_args
+        _launcher_warning()
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.server_args import prepare_server_args
 
-    with _kept_output() as plugin_output:
-        load_plugins()
-    server_args = prepare_server_args(argv)
+        with _kept_output() as plugin_output:
+            load_plugins()
+        server_args = prepare_server_args(argv)
     run_server(server_args, plugin_output.getvalue())
     return 0
 
