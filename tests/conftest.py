@@ -24,9 +24,9 @@ tests/unit/test_hermetic.py holds each one.
 
 `make test` runs the suite in four pytest-xdist workers: the lab tests in three groups, by the hosts they
 hold (ct129's, ct200's, the grown hosts': `labkit.lab_group`; each test holds the lab hosts it touches,
-`hosts` mark), every other file a group of its own (a module's fixtures are built once), the lab groups
-first so the fourth worker runs everything else beside them (and the lab workers too, once their groups
-are done).
+`hosts` mark), every other file a group of its own (a module's fixtures are built once; the files with
+slow tests first), the lab groups first so the fourth worker runs everything else beside them (and the
+lab workers too, once their groups are done).
 """
 
 from __future__ import annotations
@@ -102,7 +102,8 @@ def fixed_control_host(request: pytest.FixtureRequest, monkeypatch: pytest.Monke
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The lab tests ahead of the rest, each in the xdist group of the hosts it holds (`labkit.lab_group`); every
-    other test in the group of its file. Runs before xdist reads the groups (it does so in its own hook, later)."""
+    other test in the group of its file, the files with slow tests first (`labkit.slow_files_first`). Runs
+    before xdist reads the groups (it does so in its own hook, later)."""
     lab = [i for i in items if i.get_closest_marker("lab") is not None]
     rest = [i for i in items if i.get_closest_marker("lab") is None]
     place = {id(i): labkit.lab_group(labkit.lab_hosts_of(i), i.get_closest_marker("whole_lab") is not None)
@@ -110,9 +111,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     lab.sort(key=lambda i: (labkit.LAB_GROUPS.index(place[id(i)][0]), place[id(i)][1]))  # stable: file order kept
     for item in lab:
         item.add_marker(pytest.mark.xdist_group(place[id(item)][0]))
-    for item in rest:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-    items[:] = lab + rest
+    files = [item.nodeid.split("::", 1)[0] for item in rest]
+    for item, file in zip(rest, files):
+        item.add_marker(pytest.mark.xdist_group(file))
+    order = labkit.slow_files_first(files, [i.get_closest_marker("slow") is not None for i in rest])
+    items[:] = lab + [rest[i] for i in order]
 
 
 _PRIORITY: list[str] = []

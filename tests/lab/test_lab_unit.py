@@ -234,6 +234,16 @@ def test_the_lab_groups_follow_the_hosts_their_tests_hold() -> None:
     assert LAB_GROUPS[0] == "lab-ct129"  # the longest group is handed out first
 
 
+def test_the_files_with_slow_tests_go_first_beside_the_lab() -> None:
+    """A file with one slow test is a long group: it goes before the files without, all in collection order."""
+    from labkit import slow_files_first
+
+    files = ["a.py", "b.py", "b.py", "c.py", "d.py", "b.py"]
+    order = slow_files_first(files, [False, False, True, False, True, False])
+    assert [files[i] for i in order] == ["b.py", "b.py", "d.py", "b.py", "a.py", "c.py"]
+    assert order[:3] == [1, 2, 4]
+
+
 def test_a_whole_lab_test_waits_until_no_other_process_has_lab_tests_left(tmp_path: Path) -> None:
     """The lifecycle test took the lab down while two other workers still had lab tests to run (a CI
     run of 2026-12-05): it waits now for every other holder's lab tests to run out, its own let go."""
