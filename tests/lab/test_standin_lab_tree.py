@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 from ddtree_ops.lab.api import LoadPlan
-from ddtree_ops.treestats import KEEP_CHAIN, INCONCLUSIVE, PROMOTE, parse_metrics, verdict, window
+from ddtree_ops.treestats import KEEP_CHAIN, INCONCLUSIVE, PROMOTE, measured_ratio, parse_metrics, verdict, window
 from labkit import PORT, lab_hosts_of, restart, tool, wait_journal
 
 pytestmark = pytest.mark.lab
@@ -83,7 +83,13 @@ def test_a_shadow_gathers_a_thousand_rounds_in_half_a_minute_and_the_classes_dis
 def test_mode_ddtree_serves_the_tree_and_smoke_reports_the_paired_figures(hosts: Any) -> None:
     lab = hosts
     deploy(lab, "ct200", "ddtree")
-    lab.load("ct200", LoadPlan(seconds=10), wait=True)
+    # The served tree times its verify forwards and, on the rounds it pairs, the chain's: its r is measured
+    # once one batch-size bucket holds MIN_COST_ROUNDS of each. How much traffic that takes depends on the
+    # batches the box's timing makes (make test run 46: 10 s was not enough), so load until it is there.
+    for _ in range(6):
+        lab.load("ct200", LoadPlan(seconds=10), wait=True)
+        if measured_ratio(scrape(lab, "ct200")) is not None:
+            break
     rc, doc, err = tool(lab, "smoke", "ct200", "--json")
     assert rc == 0, (doc, err)
     host = doc["hosts"][0]
