@@ -241,8 +241,14 @@ class SSHHost:
         try:
             chan.exec_command(command)
             if stdin is not None:
-                chan.sendall(stdin)
-            chan.shutdown_write()
+                try:
+                    chan.sendall(stdin)
+                except OSError:
+                    # the command ended without reading all of it (the lock's acquire script exits at once
+                    # when the lock is held): its exit status and output below are still its answer
+                    pass
+            if not chan.closed:
+                chan.shutdown_write()
             deadline = t0 + timeout
             # Read to EOF, not to the exit status: sshd may send the exit status while output
             # still sits in its buffers (seen with several channels in flight at once).

@@ -152,3 +152,14 @@ def test_a_command_killed_by_a_signal_says_so(sshd: Any, tmp_path: Path) -> None
         assert (res.rc, res.stdout) == (-1, "partial\n")
         assert "ended without an exit status" in res.stderr
         assert host.run(["true"]).ok        # the connection itself is fine
+
+
+def test_a_command_that_exits_without_reading_its_input_gives_its_answer(sshd: Any, tmp_path: Path) -> None:
+    """The lock's acquire script exits at once when the lock is held, without reading the record sent on
+    its stdin: its exit status is the answer, not a "Socket is closed" traceback from sending the rest
+    (make test run 47: the second of two deploys at once crashed with exit 1 instead of being refused)."""
+    cfg = sshd.ssh_config(known_hosts=tmp_path / "kh")
+    with connect(_profile(), ssh_config=str(cfg)) as host:
+        res = host.run(["sh", "-c", "echo held >&2; exit 7"], stdin=b"x" * 20_000_000, timeout=60)
+        assert (res.rc, res.stderr) == (7, "held\n")
+        assert host.run(["true"]).ok
