@@ -124,10 +124,10 @@ def nvidia_smi_apps() -> Argv:
             "--format=csv,noheader,nounits"]
 
 
-# The first lines of a script that imports SGLang on the host. The import (torch with it) makes hundreds
-# of thousands of objects and none of them is garbage, so Python's cyclic collector only walks them over
-# and over: a sixth of the import's CPU on a lab host (bench/gc_pause_cpu.py, `lab`). The script ends in
-# seconds, and nothing it makes needs collecting.
+# The first lines of a script that imports SGLang on the host. The import (torch with it) makes a great
+# many objects and none of them is garbage, so Python's cyclic collector only walks them over and over: a
+# sixth of the import's CPU on a lab host (bench/gc_pause_cpu.py, `lab`). The script ends in seconds, and
+# nothing it makes needs collecting.
 QUIET_GC = "import gc\ngc.disable()\n"
 
 

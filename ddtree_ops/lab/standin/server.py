@@ -94,7 +94,7 @@ def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off while SGLang (and torch with it) is imported and the argv
     parsed, then on again for the server's life.
 
-    The import makes hundreds of thousands of objects, none of them garbage, and the collector walked
+    The import makes a great many objects, none of them garbage, and the collector walked
     them over and over: a sixth of the import's CPU (bench/gc_pause_cpu.py, `lab`). On a lab host
     the import begins before this module runs (`python -m sglang.launch_server` imports the sglang
     package first), so the lab venv turns the collector off at interpreter start for that command line
