@@ -2,9 +2,9 @@
 
 Two places where the suite and the lab import a lot and free nothing:
   lab      on a lab host, over SSH: the lab venv's python imports SGLang (torch with it), loads the
-           plugins and parses the ct129 NEXTN unit's argv, as every start of the stand-in does (and as
-           the preflight's parser check does), with the collector on and with it paused from the
-           interpreter's start (what the lab venv's .pth does for `python -m sglang.launch_server`).
+           plugins and parses the argv of the host's NEXTN unit as rendered, as every start of the stand-in
+           does (and as the preflight's parser check does), with the collector on and with it paused from
+           the interpreter's start (what the lab venv's .pth does for `python -m sglang.launch_server`).
   collect  on this machine: `pytest --collect-only` of the whole suite, with tests/conftest.py as it is
            (the collector paused until collection ends) and with it on throughout (a plugin turns it on
            again as soon as conftest has loaded).
@@ -31,12 +31,6 @@ from pathlib import Path
 
 ARMS = ("on", "paused", "on again")
 REPO = Path(__file__).resolve().parents[1]
-NEXTN_ARGV = ["--model-path", "/models/Qwen3-8B", "--host", "127.0.0.1", "--port", "30999",
-              "--mem-fraction-static", "0.81", "--context-length", "32768", "--max-running-requests", "4",
-              "--attention-backend", "flashinfer", "--enable-metrics", "--served-model-name", "qwen3-8b",
-              "--cuda-graph-max-bs-decode", "8", "--speculative-algorithm", "NEXTN",
-              "--speculative-draft-model-path", "/models/Qwen3-8B-NextN", "--speculative-num-steps", "3",
-              "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4"]
 # what a stand-in start does before it serves (sglang_standin.server.main), timed by the process itself
 IMPORT_AND_PARSE = r'''
 import gc, json, resource, sys
@@ -62,13 +56,16 @@ def pytest_plugin_registered(plugin, manager):
 
 def lab(args: argparse.Namespace) -> None:
     from ddtree_ops.profile import load_profile
+    from ddtree_ops.render import render
     from ddtree_ops.ssh import connect
 
-    with connect(load_profile(args.host), ssh_config=args.ssh_config) as h:
+    p = load_profile(args.host)
+    argv = list(render(p, "nextn").argv[3:])  # the host's NEXTN unit, after `python -m sglang.launch_server`
+    with connect(p, ssh_config=args.ssh_config) as h:
         for turn in range(args.turns):
             for arm in ARMS:
                 res = h.run(["/opt/sglang/venv/bin/python", "-c", IMPORT_AND_PARSE,
-                             "paused" if arm == "paused" else "on", json.dumps(NEXTN_ARGV)], timeout=300)
+                             "paused" if arm == "paused" else "on", json.dumps(argv)], timeout=300)
                 cpu = next(float(x.split()[1]) for x in res.stdout.splitlines() if x.startswith("cpu "))
                 print(f"lab\t{args.host}\t{turn}\t{arm}\t{cpu:.3f}", flush=True)
 
